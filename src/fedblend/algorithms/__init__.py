@@ -1,0 +1,9 @@
+"""One small module per method, composed from the parts in :mod:`fedblend.core`.
+
+Importing this package registers every built-in method (see :mod:`fedblend.algorithms.registry`).
+"""
+
+from fedblend.algorithms import fedavg, fedavg_ft, fedprox, local  # noqa: F401  (registration)
+from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method
+
+__all__ = ["METHODS", "TRANSFORMS", "build_method"]

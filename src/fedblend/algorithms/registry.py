@@ -1,0 +1,58 @@
+"""Explicit registry of methods and client transforms; ``"fedavg+ala"`` composes a method with transforms."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from fedblend.core.method import ClientTransform, Method
+from fedblend.core.options import from_table
+
+METHODS: dict[str, type[Method]] = {}
+TRANSFORMS: dict[str, type[ClientTransform]] = {}
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    if cls.name in METHODS:
+        raise ValueError(f"method {cls.name!r} registered twice")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def register_transform(cls: type[ClientTransform]) -> type[ClientTransform]:
+    if cls.name in TRANSFORMS:
+        raise ValueError(f"transform {cls.name!r} registered twice")
+    TRANSFORMS[cls.name] = cls
+    return cls
+
+
+def make_options(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
+    """Build an options dataclass from a table, with errors naming the bad field and the allowed ones."""
+    return from_table(cls, dict(values or {}), where)
+
+
+def parse_method(spec: str) -> tuple[str, list[str]]:
+    base, *parts = [s.strip() for s in spec.split("+")]
+    if base not in METHODS:
+        raise ValueError(f"unknown method {base!r}; choose one of {sorted(METHODS)}")
+    for p in parts:
+        if p not in TRANSFORMS:
+            raise ValueError(f"unknown transform {p!r} in {spec!r}; choose from {sorted(TRANSFORMS)}")
+    return base, parts
+
+
+def build_method(spec: str, options: Mapping[str, Any] | None = None,
+                 transform_options: Mapping[str, Mapping[str, Any]] | None = None) -> Method:
+    """``build_method("fedprox+ala", {"mu": 0.01}, {"ala": {"eta": 1.0}})``."""
+    base, parts = parse_method(spec)
+    cls = METHODS[base]
+    transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
+                  for p in parts]
+    if transforms and not cls.has_global:
+        raise ValueError(f"{spec!r}: {base} has no global model for {parts[0]} to blend from")
+    return cls(make_options(cls.options_cls, options, "options"), transforms)
+
+
+def option_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []

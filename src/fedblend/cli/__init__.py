@@ -1,0 +1,1 @@
+"""Command line: ``fedblend run``, ``fedblend report``, ``fedblend partition``, ``fedblend methods``."""

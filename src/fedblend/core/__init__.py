@@ -1,0 +1,1 @@
+"""Round engine, client execution backends, evaluation, sampling, client-state store, checkpoints, RNG."""

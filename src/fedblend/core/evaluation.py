@@ -1,0 +1,55 @@
+"""Evaluation: per-client accuracy and loss of a parameter dictionary on a client's data.
+
+The protocol (which model, when, how aggregated) is explicit and written into every result; see
+:class:`EvalProtocol`. ``pooled`` accuracy is sum of correct / sum of samples over clients (PFLlib, FedAPA);
+``client_mean`` / ``client_std`` are over clients with at least one test sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """What a reported accuracy means (the ``[eval]`` table of a run config)."""
+
+    CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final")}
+
+    every: int = 1  # evaluate every k rounds (and always at the last round)
+    split: str = "test"  # "test" or "val"
+    batch_size: int = 2048
+    report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
+
+
+@torch.no_grad()
+def evaluate_params(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                    batch_size: int = 2048) -> tuple[int, float, int]:
+    """``(correct, summed loss, n)`` of the model with ``params`` on ``(x, y)``."""
+    correct, loss = 0, 0.0
+    for i in range(0, len(y), batch_size):
+        out = functional_call(model, dict(params), (x[i : i + batch_size],))
+        loss += float(F.cross_entropy(out, y[i : i + batch_size], reduction="sum"))
+        correct += int((out.argmax(1) == y[i : i + batch_size]).sum())
+    return correct, loss, int(len(y))
+
+
+def summarise(per_client: Sequence[tuple[int, float, int]]) -> dict:
+    """Pooled accuracy and loss, plus mean / std over clients of the per-client accuracy."""
+    correct = sum(c for c, _, _ in per_client)
+    n = sum(k for _, _, k in per_client)
+    accs = np.array([c / k for c, _, k in per_client if k > 0])
+    return {
+        "acc": correct / n if n else float("nan"),
+        "loss": sum(lo for _, lo, _ in per_client) / n if n else float("nan"),
+        "acc_client_mean": float(accs.mean()) if len(accs) else float("nan"),
+        "acc_client_std": float(accs.std()) if len(accs) else float("nan"),
+    }

@@ -1,0 +1,65 @@
+"""Parameter dictionaries (``name -> tensor``) and the operations every method shares.
+
+A model's parameters are handled as an ordered ``dict[str, Tensor]`` (the ``torch.func`` convention), so
+server aggregation, blending and client training are plain functions over dictionaries. The layer of a
+parameter is its name without the last component (``"fc1.weight" -> "fc1"``); a model declares its ordered
+layers and which of them form the head (see :mod:`fedblend.models.zoo`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+def layer_of(name: str) -> str:
+    """Layer a parameter belongs to: ``"conv1.weight" -> "conv1"``."""
+    return name.rsplit(".", 1)[0]
+
+
+def clone(params: Mapping[str, torch.Tensor]) -> Params:
+    return {k: v.detach().clone() for k, v in params.items()}
+
+
+def select(params: Mapping[str, torch.Tensor], names: Iterable[str]) -> Params:
+    return {k: params[k] for k in names}
+
+
+def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> Params:
+    """``sum_k w_k theta_k / sum_k w_k`` per tensor (FedAvg, McMahan et al. 2017, Alg. 1)."""
+    if len(models) == 0:
+        raise ValueError("weighted_average needs at least one model")
+    w = torch.as_tensor([float(x) for x in weights], dtype=torch.float64)
+    if torch.any(w < 0) or float(w.sum()) <= 0:
+        raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
+    w = w / w.sum()
+    out: Params = {}
+    for name in models[0]:
+        stacked = torch.stack([m[name].detach().to(torch.float64) for m in models])
+        shape = (-1,) + (1,) * (stacked.dim() - 1)
+        out[name] = (stacked * w.view(shape)).sum(0).to(models[0][name].dtype)
+    return out
+
+
+def num_bytes(params: Mapping[str, torch.Tensor]) -> int:
+    """Bytes needed to send these tensors (their element count times element size)."""
+    return int(sum(t.numel() * t.element_size() for t in params.values()))
+
+
+def num_params(params: Mapping[str, torch.Tensor]) -> int:
+    return int(sum(t.numel() for t in params.values()))
+
+
+def equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def sub(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> Params:
+    return {k: a[k] - b[k] for k in a}
+
+
+def flatten(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in params.values()])

@@ -1,0 +1,1 @@
+"""Dataset sources (canonical archives, md5-checked), partitioners and federated datasets."""

@@ -1,0 +1,213 @@
+"""Federated datasets: a partition of a real dataset into per-client train / (val) / test tensors.
+
+Split modes (how each client's evaluation data is made):
+
+* ``official`` (FedAPA, FedALP): the official training split is partitioned; the official test split is divided
+  with the same per-class proportions (or ``test_per_client`` samples with the client's class mix).
+* ``merge`` (PFLlib / FedALA): train and test are merged, partitioned, then each client's samples are shuffled
+  and split ``train_fraction`` / rest (75/25).
+* ``train_val_test`` (pFedRLLA): merged, partitioned, each client split 65 / 15 / 20.
+
+All tensors stay in memory as float32 (images normalised with the dataset's mean/std) or int64 (token ids), so
+training slices tensors directly with no per-batch loader overhead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedblend.core.rng import SeedTree
+from fedblend.data.partition import KINDS, RULES, counts_matrix, format_counts, partition, split_like
+from fedblend.data.sources import RawDataset
+
+SPLITS = ("official", "merge", "train_val_test")
+
+
+@dataclass
+class PartitionSpec:
+    """What to partition and how; the fields are the ``[partition]`` table of a run config."""
+
+    CHOICES: ClassVar[dict] = {"kind": KINDS, "rule": RULES, "split": SPLITS}
+
+    kind: str = "dirichlet"
+    rule: str = "pflib"
+    num_clients: int = 20
+    alpha: float = 0.1
+    classes_per_client: int = 2
+    shards_per_client: int = 2
+    samples_per_client: int = 500
+    balanced: bool = False
+    min_samples: int | None = None
+    min_test_samples: int | None = None
+    max_tries: int = 1000
+    split: str = "merge"
+    train_fraction: float = 0.75
+    val_fraction: float = 0.15
+    test_per_client: int | None = None
+
+
+@dataclass
+class ClientData:
+    """One client's tensors; ``val_*`` are empty unless the split has a validation part."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+@dataclass
+class FederatedData:
+    clients: list[ClientData]
+    info: dict
+    # indices into the pool ("train" for official, merged train+test otherwise), per client and part
+    indices: dict[str, list[list[int]]] = field(default_factory=dict)
+    spec: PartitionSpec = field(default_factory=PartitionSpec)
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def table(self) -> str:
+        return format_counts(self.counts["train"], self.counts.get("test"))
+
+    def summary(self) -> dict:
+        return {
+            "dataset": self.info["name"],
+            "spec": asdict(self.spec),
+            "num_clients": self.num_clients,
+            "train_counts": self.counts["train"].tolist(),
+            "test_counts": self.counts["test"].tolist(),
+            "val_counts": self.counts["val"].tolist() if "val" in self.counts else None,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the partition (indices + counts + spec) as JSON; :func:`load_partition` reads it back."""
+        Path(path).write_text(json.dumps({**self.summary(), "indices": self.indices}))
+
+
+def _normalise(raw: RawDataset, x: np.ndarray) -> torch.Tensor:
+    if raw.kind == "text":
+        return torch.from_numpy(np.array(x, dtype=np.int64))
+    t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
+    mean = torch.tensor(raw.mean).view(1, -1, 1, 1)
+    std = torch.tensor(raw.std).view(1, -1, 1, 1)
+    return (t - mean) / std
+
+
+def dataset_info(raw: RawDataset) -> dict:
+    info = {"name": raw.name, "kind": raw.kind, "num_classes": raw.num_classes,
+            "input_shape": tuple(raw.test_x.shape[1:])}
+    if raw.kind == "image":
+        info.update(in_channels=int(raw.test_x.shape[1]), image_size=int(raw.test_x.shape[-1]))
+    info.update(raw.extra)
+    return info
+
+
+def build_federated(raw: RawDataset, spec: PartitionSpec, seed: int,
+                    indices: dict[str, list[list[int]]] | None = None) -> FederatedData:
+    """Partition ``raw`` per ``spec`` with randomness from ``seed`` (or reuse saved ``indices``)."""
+    if spec.split not in SPLITS:
+        raise ValueError(f"partition.split must be one of {list(SPLITS)}, got {spec.split!r}")
+    tree = SeedTree(seed).child("partition")
+    if spec.split == "official":
+        pool_x, pool_y = raw.train_x, raw.train_y
+    else:
+        pool_x = np.concatenate([raw.train_x, raw.test_x]) if len(raw.train_x) else raw.test_x
+        pool_y = np.concatenate([raw.train_y, raw.test_y]) if len(raw.train_y) else raw.test_y
+    if indices is None:
+        indices = _draw_indices(raw, spec, pool_y, tree)
+    px = _normalise(raw, pool_x)
+    py = torch.from_numpy(pool_y).long()
+    tx = _normalise(raw, raw.test_x) if spec.split == "official" else px
+    ty = torch.from_numpy(raw.test_y).long() if spec.split == "official" else py
+    empty_x, empty_y = px[:0], py[:0]
+    clients = []
+    for k in range(len(indices["train"])):
+        tr = torch.as_tensor(indices["train"][k], dtype=torch.long)
+        te = torch.as_tensor(indices["test"][k], dtype=torch.long)
+        va = torch.as_tensor(indices["val"][k], dtype=torch.long) if "val" in indices else None
+        clients.append(ClientData(px[tr], py[tr], tx[te], ty[te],
+                                  px[va] if va is not None else empty_x, py[va] if va is not None else empty_y))
+    test_labels = raw.test_y if spec.split == "official" else pool_y
+    counts = {"train": counts_matrix([np.asarray(i, dtype=np.int64) for i in indices["train"]], pool_y, raw.num_classes),
+              "test": counts_matrix([np.asarray(i, dtype=np.int64) for i in indices["test"]], test_labels, raw.num_classes)}
+    if "val" in indices:
+        counts["val"] = counts_matrix([np.asarray(i, dtype=np.int64) for i in indices["val"]], pool_y, raw.num_classes)
+    return FederatedData(clients, dataset_info(raw), indices, spec, counts)
+
+
+def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree: SeedTree) -> dict:
+    official = spec.split == "official"
+    fedapa_rule = spec.rule == "fedapa" and spec.kind in ("dirichlet", "pathological")
+    min_test = spec.min_test_samples if spec.min_test_samples is not None else (3 if fedapa_rule else 1)
+    want_joint_test = official and spec.test_per_client is None
+    train_parts, test_parts = partition(
+        pool_y, spec.num_clients, spec.kind, lambda a: tree.numpy("draw", a), num_classes=raw.num_classes,
+        rule=spec.rule, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
+        shards_per_client=spec.shards_per_client, samples_per_client=spec.samples_per_client,
+        balanced=spec.balanced, min_samples=spec.min_samples, max_tries=spec.max_tries,
+        test_labels=raw.test_y if want_joint_test else None, min_test_samples=min_test if official else 0)
+    if official:
+        if test_parts is None:
+            test_parts = split_like(train_parts, raw.train_y, raw.test_y, tree.numpy("test"), raw.num_classes,
+                                    per_client=spec.test_per_client)
+        return {"train": [p.tolist() for p in train_parts], "test": [p.tolist() for p in test_parts]}
+    if spec.split == "merge":
+        fracs = (spec.train_fraction,)
+    else:
+        fracs = (spec.train_fraction, spec.val_fraction)
+    if not 0 < sum(fracs) < 1:
+        raise ValueError(f"partition.train_fraction (+ val_fraction) must be in (0, 1), got {fracs}")
+    out: dict[str, list[list[int]]] = {"train": [], "test": []}
+    if spec.split == "train_val_test":
+        out["val"] = []
+    for k, part in enumerate(train_parts):
+        perm = tree.numpy("client-split", k).permutation(part)
+        n_train = int(round(fracs[0] * len(perm)))
+        out["train"].append(sorted(perm[:n_train].tolist()))
+        if spec.split == "train_val_test":
+            n_val = int(round(fracs[1] * len(perm)))
+            out["val"].append(sorted(perm[n_train : n_train + n_val].tolist()))
+            out["test"].append(sorted(perm[n_train + n_val :].tolist()))
+        else:
+            out["test"].append(sorted(perm[n_train:].tolist()))
+    return out
+
+
+def load_partition(path: str | Path) -> tuple[dict, PartitionSpec]:
+    """Read a partition written by :meth:`FederatedData.save`: ``(indices, spec)``."""
+    data = json.loads(Path(path).read_text())
+    return data["indices"], PartitionSpec(**data["spec"])
+
+
+def plot_counts(fed: FederatedData, path: str | Path) -> None:
+    """Per-client class counts as a bubble chart PNG (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = fed.counts["train"]
+    k, c = np.nonzero(counts)
+    fig, ax = plt.subplots(figsize=(max(4, 0.3 * fed.num_clients + 2), 4))
+    ax.scatter(k, c, s=300 * counts[k, c] / max(counts.max(), 1), alpha=0.6)
+    ax.set_xlabel("client")
+    ax.set_ylabel("class")
+    ax.set_title(f"{fed.info['name']}: {fed.spec.kind} ({fed.spec.rule}) - train samples per client and class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

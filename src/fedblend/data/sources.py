@@ -1,0 +1,310 @@
+"""Dataset sources: read the canonical archives from a data directory, verifying md5.
+
+The data directory is, in order: an explicit argument (the CLI's ``--data-dir``), the ``FEDBLEND_DATA``
+environment variable, or ``~/.fedblend/data``. Files live in one sub-folder per dataset, with their canonical
+names (the layout of ``shared/data``)::
+
+    mnist/train-images-idx3-ubyte.gz ...      fashion-mnist/...      ag_news/test.csv.gz
+    usps/usps.h5                              cifar-10/cifar-10-python.tar.gz
+
+A missing file is downloaded from its canonical URL; if that fails the error names the file, where it was
+looked for and where to get it. A file whose md5 differs raises :class:`ChecksumError` - never a silently wrong
+result.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import hashlib
+import os
+import pickle
+import re
+import tarfile
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ENV_VAR = "FEDBLEND_DATA"
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset file is missing and could not be downloaded."""
+
+
+class ChecksumError(ValueError):
+    """A dataset file exists but its md5 is not the canonical one."""
+
+
+@dataclass
+class RawDataset:
+    """Arrays of a dataset in canonical form: uint8 images (N,C,H,W) or int64 token ids (N,L)."""
+
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+    kind: str = "image"  # "image" or "text"
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    md5: str | None
+    url: str | None
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    return Path("~/.fedblend/data").expanduser()
+
+
+def md5sum(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(data_dir: Path, folder: str, spec: FileSpec, download: bool = True) -> Path:
+    """Path to a verified dataset file; download it when missing; raise with a clear message otherwise."""
+    path = data_dir / folder / spec.name
+    if not path.exists() and download and spec.url:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".part")
+            with urllib.request.urlopen(spec.url, timeout=30) as r, open(tmp, "wb") as f:
+                while block := r.read(1 << 20):
+                    f.write(block)
+            tmp.replace(path)
+        except OSError as exc:  # URLError is an OSError
+            where = spec.url or "the dataset's home page"
+            raise DataNotFoundError(
+                f"dataset file {spec.name!r} not found at {path} and the download from {where} failed ({exc}). "
+                f"Download it yourself into {path.parent}, or point --data-dir / ${ENV_VAR} at a directory "
+                f"holding {folder}/{spec.name}."
+            ) from exc
+    if not path.exists():
+        raise DataNotFoundError(
+            f"dataset file {spec.name!r} not found at {path}. Get it from {spec.url or 'its home page'} into "
+            f"{path.parent}, or point --data-dir / ${ENV_VAR} at a directory holding {folder}/{spec.name}."
+        )
+    if spec.md5 is not None:
+        got = md5sum(path)
+        if got != spec.md5:
+            raise ChecksumError(
+                f"{path} has md5 {got}, expected {spec.md5}: the file is corrupt or not the canonical one. "
+                f"Delete it and fetch it again from {spec.url or 'its home page'}."
+            )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read a (gzipped) IDX file (MNIST format): magic 2049 = labels, 2051 = images."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    ndim = magic & 0xFF
+    if magic >> 8 != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic})")
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: truncated IDX file ({arr.size} values, header says {dims})")
+    return arr.reshape(dims)
+
+
+def read_cifar_tarball(path: Path, variant: str = "cifar10") -> tuple[np.ndarray, ...]:
+    """Read the CIFAR-10/100 python tarball: returns uint8 (N,3,32,32) images and int64 labels."""
+    label_key = b"labels" if variant == "cifar10" else b"fine_labels"
+    train_names = [f"data_batch_{i}" for i in range(1, 6)] if variant == "cifar10" else ["train"]
+    test_names = ["test_batch"] if variant == "cifar10" else ["test"]
+    parts: dict[str, dict] = {}
+    with tarfile.open(path, "r:gz") as tar:
+        for member in tar.getmembers():
+            base = member.name.rsplit("/", 1)[-1]
+            if base in train_names + test_names:
+                f = tar.extractfile(member)
+                assert f is not None
+                parts[base] = pickle.load(f, encoding="bytes")
+    missing = [n for n in train_names + test_names if n not in parts]
+    if missing:
+        raise ValueError(f"{path}: tarball lacks {missing}")
+
+    def stack(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.concatenate([np.asarray(parts[n][b"data"], dtype=np.uint8) for n in names])
+        y = np.concatenate([np.asarray(parts[n][label_key], dtype=np.int64) for n in names])
+        return x.reshape(-1, 3, 32, 32), y
+
+    return (*stack(train_names), *stack(test_names))
+
+
+def read_libsvm(path: Path, num_features: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read a (bz2) LIBSVM file: dense float32 features (N, F) and the raw integer labels."""
+    opener = bz2.open if str(path).endswith(".bz2") else open
+    xs, ys = [], []
+    with opener(path, "rt") as f:
+        for line in f:
+            tokens = line.split()
+            if not tokens:
+                continue
+            row = np.zeros(num_features, dtype=np.float32)
+            for tok in tokens[1:]:
+                i, v = tok.split(":")
+                row[int(i) - 1] = float(v)
+            ys.append(int(float(tokens[0])))
+            xs.append(row)
+    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
+_TOKEN = re.compile(r"[a-z0-9']+")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word tokenizer (letters, digits, apostrophes) for the text datasets."""
+    return _TOKEN.findall(text.lower())
+
+
+def encode_texts(texts: list[str], max_len: int = 200, min_count: int = 1) -> tuple[np.ndarray, dict]:
+    """Token ids (N, max_len), 0 = padding, 1 = unknown; vocabulary sorted by frequency then word."""
+    counts: dict[str, int] = {}
+    tokenized = [tokenize(t) for t in texts]
+    for toks in tokenized:
+        for w in toks:
+            counts[w] = counts.get(w, 0) + 1
+    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    vocab = {w: i + 2 for i, w in enumerate(words)}
+    ids = np.zeros((len(texts), max_len), dtype=np.int64)
+    for r, toks in enumerate(tokenized):
+        row = [vocab.get(w, 1) for w in toks[:max_len]]
+        ids[r, : len(row)] = row
+    return ids, vocab
+
+
+# ---------------------------------------------------------------------------------------------- datasets
+
+_LECUN = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+_ZALANDO = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+_MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+_FMNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+
+
+def _load_idx_dataset(name: str, folder: str, files: dict[str, str], base_url: str):
+    def load(data_dir: Path, download: bool = True) -> RawDataset:
+        p = {k: fetch(data_dir, folder, FileSpec(k, md5, base_url + k), download) for k, md5 in files.items()}
+        return RawDataset(
+            name=name,
+            train_x=read_idx(p["train-images-idx3-ubyte.gz"])[:, None],
+            train_y=read_idx(p["train-labels-idx1-ubyte.gz"]).astype(np.int64),
+            test_x=read_idx(p["t10k-images-idx3-ubyte.gz"])[:, None],
+            test_y=read_idx(p["t10k-labels-idx1-ubyte.gz"]).astype(np.int64),
+            num_classes=10,
+        )
+
+    return load
+
+
+def _load_cifar(variant: str) -> Callable[..., RawDataset]:
+    spec = {
+        "cifar10": FileSpec("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
+                            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+        "cifar100": FileSpec("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85",
+                             "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+    }[variant]
+    folder = {"cifar10": "cifar-10", "cifar100": "cifar-100"}[variant]
+
+    def load(data_dir: Path, download: bool = True) -> RawDataset:
+        trx, tr_y, tex, te_y = read_cifar_tarball(fetch(data_dir, folder, spec, download), variant)
+        return RawDataset(variant, trx, tr_y, tex, te_y, 10 if variant == "cifar10" else 100,
+                          mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+    return load
+
+
+def _load_ag_news(data_dir: Path, download: bool = True) -> RawDataset:
+    """AG News. Only the canonical test split (7,600 rows) exists in this workspace: it is the whole dataset
+    here, and the ``merge``/``train_val_test`` splits divide it per client. ``train.csv`` is used when present."""
+    base = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
+    test = fetch(data_dir, "ag_news", FileSpec("test.csv.gz", "43738251f0b17d2346d0a2c38262cf02", None), download)
+    rows = _read_ag_csv(test)
+    train_rows: list[tuple[int, str]] = []
+    train_path = data_dir / "ag_news" / "train.csv"
+    if train_path.exists():
+        train_rows = _read_ag_csv(fetch(data_dir, "ag_news", FileSpec(
+            "train.csv", "b1a00f826fdfbd249f79597b59e1dc12", base + "train.csv"), download))
+    ids, vocab = encode_texts([t for _, t in train_rows + rows])
+    labels = np.asarray([c for c, _ in train_rows + rows], dtype=np.int64)
+    n = len(train_rows)
+    return RawDataset("ag_news", ids[:n], labels[:n], ids[n:], labels[n:], 4, kind="text",
+                      extra={"vocab_size": len(vocab) + 2})
+
+
+def _read_ag_csv(path: Path) -> list[tuple[int, str]]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        return [(int(r[0]) - 1, r[1] + " " + r[2]) for r in csv.reader(f) if r]
+
+
+def _load_usps(data_dir: Path, download: bool = True) -> RawDataset:
+    """USPS 16x16 digits from the Kaggle ``usps.h5`` (train 7,291 / test 2,007; needs ``h5py``)."""
+    path = fetch(data_dir, "usps", FileSpec("usps.h5", "355df6b942eb766252e0340bc019b0b9", None), download)
+    try:
+        import h5py
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("reading usps.h5 needs h5py: pip install 'fedblend[usps]'") from exc
+    with h5py.File(path, "r") as f:
+        def get(split: str) -> tuple[np.ndarray, np.ndarray]:
+            x = np.asarray(f[split]["data"], dtype=np.float32).reshape(-1, 1, 16, 16)
+            return np.round(x * 255).astype(np.uint8), np.asarray(f[split]["target"], dtype=np.int64)
+
+        (trx, try_), (tex, tey) = get("train"), get("test")
+    return RawDataset("usps", trx, try_, tex, tey, 10)
+
+
+DATASETS: dict[str, Callable[..., RawDataset]] = {
+    "mnist": _load_idx_dataset("mnist", "mnist", _MNIST_FILES, _LECUN),
+    "fmnist": _load_idx_dataset("fmnist", "fashion-mnist", _FMNIST_FILES, _ZALANDO),
+    "cifar10": _load_cifar("cifar10"),
+    "cifar100": _load_cifar("cifar100"),
+    "ag_news": _load_ag_news,
+    "usps": _load_usps,
+}
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> RawDataset:
+    """Load dataset ``name`` (see :data:`DATASETS` and ``synthetic``) from the data directory."""
+    if name == "synthetic":
+        from fedblend.data.synthetic import make_synthetic
+
+        return make_synthetic()
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}")
+    return DATASETS[name](resolve_data_dir(data_dir), download)
+

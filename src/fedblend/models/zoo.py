@@ -1,0 +1,202 @@
+"""Models used by the four papers, each with ordered layers and a body/head split.
+
+Every model is an ``nn.Module`` with attributes named after its layers, so a parameter's layer is its name's
+prefix (``fc1.weight`` -> ``fc1``), plus:
+
+* ``layers``: layer names from input to output (ALA's ``p`` and FedALP's per-layer weights count these);
+* ``head_layers``: the layers kept private by methods that share only the body (FedAPA, FedRep, pFedRLLA);
+
+Architectures (sizes as in ``shared/notes/reference-implementations.md``):
+
+* ``cnn4``   FedALA / PFLlib "FedAvgCNN": conv(in,32,5)-ReLU-pool2, conv(32,64,5)-ReLU-pool2, fc1(dim,512)-ReLU,
+  fc(512,C); dim 1024 for 28x28, 1600 for 32x32 (582,026 parameters on MNIST). FedALA paper, Sec. Experiments.
+* ``lenet5`` FedAPA Sec. 5.1: conv(in,6,5)-ReLU-pool2, conv(6,16,5)-ReLU-pool2, fc1(d,120)-ReLU, fc2(120,84)-ReLU,
+  fc3(84,C); d 256 for 28x28, 400 for 32x32. Body = first four layers, head = fc3.
+* ``mlp``    FedALP's MNIST-NN: 784-50-10 with ReLU (Fraboni et al. 2021).
+* ``cnn5``   FedALP's MNIST-CNN. The paper gives no layers; we define 3 conv + 2 fc layers:
+  conv(in,32,3,p1)-ReLU-pool2, conv(32,64,3,p1)-ReLU-pool2, conv(64,64,3,p1)-ReLU-pool2, fc1(64*3*3,128)-ReLU,
+  fc2(128,C) for 28x28 inputs.
+* ``fasttext`` FedALA's text model (PFLlib fastText): embedding(V,32) averaged over non-padding tokens,
+  fc1(32,32), fc(32,C), no activation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedblend.core.params import Params, layer_of
+
+
+class FedModel(nn.Module):
+    """Base class: ordered ``layers`` and ``head_layers`` (the private decision part)."""
+
+    layers: tuple[str, ...] = ()
+    head_layers: tuple[str, ...] = ()
+
+    def param_names(self, layers: Sequence[str] | None = None) -> list[str]:
+        """Parameter names, in order, of the given layers (all layers when None)."""
+        wanted = set(self.layers if layers is None else layers)
+        unknown = wanted - set(self.layers)
+        if unknown:
+            raise ValueError(f"unknown layers {sorted(unknown)}; this model has {list(self.layers)}")
+        return [n for n, _ in self.named_parameters() if layer_of(n) in wanted]
+
+    def head_names(self) -> list[str]:
+        return self.param_names(self.head_layers)
+
+    def body_names(self) -> list[str]:
+        return self.param_names([ly for ly in self.layers if ly not in self.head_layers])
+
+    def top_layers(self, p: int) -> tuple[str, ...]:
+        """The ``p`` layers closest to the output (FedALA's "range of ALA")."""
+        if not 1 <= p <= len(self.layers):
+            raise ValueError(f"p must be in [1, {len(self.layers)}] for this model, got {p}")
+        return self.layers[-p:]
+
+
+def _conv_out(size: int, k: int, pad: int = 0) -> int:
+    return size + 2 * pad - k + 1
+
+
+class CNN4(FedModel):
+    layers = ("conv1", "conv2", "fc1", "fc")
+    head_layers = ("fc",)
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+        super().__init__()
+        s = _conv_out(_conv_out(image_size, 5) // 2, 5) // 2
+        self.conv1 = nn.Conv2d(in_channels, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        self.fc1 = nn.Linear(64 * s * s, 512)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(F.relu(self.fc1(x.flatten(1))))
+
+
+class LeNet5(FedModel):
+    layers = ("conv1", "conv2", "fc1", "fc2", "fc3")
+    head_layers = ("fc3",)
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+        super().__init__()
+        s = _conv_out(_conv_out(image_size, 5) // 2, 5) // 2
+        self.conv1 = nn.Conv2d(in_channels, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * s * s, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(F.relu(self.fc2(x)))
+
+
+class MLP(FedModel):
+    layers = ("fc1", "fc2")
+    head_layers = ("fc2",)
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 50):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class CNN5(FedModel):
+    layers = ("conv1", "conv2", "conv3", "fc1", "fc2")
+    head_layers = ("fc2",)
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+        super().__init__()
+        s = image_size // 2 // 2 // 2
+        self.conv1 = nn.Conv2d(in_channels, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.conv3 = nn.Conv2d(64, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * s * s, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in (self.conv1, self.conv2, self.conv3):
+            x = F.max_pool2d(F.relu(conv(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class FastText(FedModel):
+    layers = ("embedding", "fc1", "fc")
+    head_layers = ("fc",)
+
+    def __init__(self, vocab_size: int, num_classes: int, hidden: int = 32):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, hidden, padding_idx=0)
+        self.fc1 = nn.Linear(hidden, hidden)
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (x != 0).unsqueeze(-1).to(self.embedding.weight.dtype)
+        emb = (self.embedding(x) * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        return self.fc(self.fc1(emb))
+
+
+def _image(cls: type) -> Callable[[dict], FedModel]:
+    def make(info: dict) -> FedModel:
+        if "image_size" not in info:
+            raise ValueError(f"model {cls.__name__} needs an image dataset, got input {info}")
+        return cls(info["in_channels"], info["num_classes"], info["image_size"])
+
+    return make
+
+
+MODELS: dict[str, Callable[[dict], FedModel]] = {
+    "cnn4": _image(CNN4),
+    "lenet5": _image(LeNet5),
+    "cnn5": _image(CNN5),
+    "mlp": lambda info: MLP(int(math.prod(info["input_shape"])), info["num_classes"]),
+    "fasttext": lambda info: FastText(info["vocab_size"], info["num_classes"]),
+}
+
+
+def init_params(model: nn.Module, generator: torch.Generator) -> None:
+    """Re-initialise ``model`` in place from ``generator`` with PyTorch's default rules.
+
+    Linear / conv weights: Kaiming-uniform with a = sqrt(5); biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+    embeddings: N(0, 1) with the padding row zeroed. Using a generator keeps library code off the global seed.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+                if module.bias is not None:
+                    fan_in = module.weight[0].numel()
+                    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                    nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, generator=generator)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+
+
+def build_model(name: str, info: dict, generator: torch.Generator | None = None) -> FedModel:
+    """Build model ``name`` for a dataset described by ``info`` (see ``FederatedData.info``)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    model = MODELS[name](info)
+    if generator is not None:
+        init_params(model, generator)
+    return model
+
+
+def model_params(model: nn.Module) -> Params:
+    """Detached copy of the model's parameters, in declaration order."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
