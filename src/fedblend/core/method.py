@@ -1,4 +1,6 @@
-"""The method interface (implemented by :mod:`fedblend.algorithms`): a few functions over explicit state (fedjax ``FederatedAlgorithm`` style).
+"""The method interface, implemented by :mod:`fedblend.algorithms`.
+
+A method is a few functions over explicit state (fedjax ``FederatedAlgorithm`` style).
 
 The engine (:mod:`fedblend.core.engine`) owns the one round loop and calls, per round::
 
