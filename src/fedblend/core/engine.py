@@ -71,15 +71,22 @@ class Simulation:
         self.setup.rnd = t
         t0 = time.perf_counter()
         selected = sample_clients(self.sampling, self.fed.num_clients, t, self.setup.tree)
-        payloads = {cid: self.method.downlink(self.server, cid, self.setup) for cid in selected}
         ctxs = {cid: self.ctx(cid, t) for cid in selected}
-        jobs = [(payloads[cid], self.store.get(cid), ctxs[cid]) for cid in selected]
-        results = self.backend.run(self.method.client_update, jobs)
-        uploads = {}
-        for cid, (upload, cstate) in zip(selected, results):
-            self.store.put(cid, cstate)
-            uploads[cid] = upload
-        self.server = self.method.aggregate(self.server, uploads, self.setup)
+        payloads, uploads = {}, {}
+        if self.method.sequential_server:
+            for cid in selected:
+                payloads[cid] = self.method.downlink(self.server, cid, self.setup)
+                uploads[cid], cstate = self.method.client_update(payloads[cid], self.store.get(cid), ctxs[cid])
+                self.store.put(cid, cstate)
+                self.server = self.method.aggregate(self.server, {cid: uploads[cid]}, self.setup)
+        else:
+            payloads = {cid: self.method.downlink(self.server, cid, self.setup) for cid in selected}
+            jobs = [(payloads[cid], self.store.get(cid), ctxs[cid]) for cid in selected]
+            results = self.backend.run(self.method.client_update, jobs)
+            for cid, (upload, cstate) in zip(selected, results):
+                self.store.put(cid, cstate)
+                uploads[cid] = upload
+            self.server = self.method.aggregate(self.server, uploads, self.setup)
         train_seconds = time.perf_counter() - t0
         metrics: dict[str, Any] = {
             "round": t + 1,

@@ -118,6 +118,13 @@ class Method:
     #: whether the method has a global model whose accuracy is reported beside the personalized one
     has_global: ClassVar[bool] = True
 
+    @property
+    def sequential_server(self) -> bool:
+        """True: the engine runs downlink -> client -> aggregate one selected client at a time, so later clients
+        of a round see earlier uploads (e.g. FedAPA's authors' code). False (default): all downlinks are made from
+        the round's starting server state and ``aggregate`` sees every upload at once (the papers' "in parallel")."""
+        return False
+
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
         self.transforms = list(transforms or [])

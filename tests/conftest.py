@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests that need the real archives use ``real_data_dir`` and skip with a reason when the
+data directory (``FEDBLEND_DATA``, default ``../shared/data`` beside the repository) lacks them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_dir() -> Path:
+    return Path(os.environ.get("FEDBLEND_DATA") or REPO.parent / "shared" / "data")
+
+
+@pytest.fixture
+def real_data_dir() -> Path:
+    d = _data_dir()
+    if not (d / "fashion-mnist" / "train-images-idx3-ubyte.gz").exists() or not (d / "mnist").exists():
+        pytest.skip(f"real dataset archives not found in {d} (set FEDBLEND_DATA to the shared data directory)")
+    return d
+
+
+@pytest.fixture
+def tiny_fed():
+    """A 4-client federated version of the synthetic dataset (no files needed)."""
+    from fedblend.data.federated import PartitionSpec, build_federated
+    from fedblend.data.synthetic import make_synthetic
+
+    spec = PartitionSpec(kind="dirichlet", alpha=1.0, num_clients=4, min_samples=5, split="merge")
+    return build_federated(make_synthetic(), spec, seed=0)
