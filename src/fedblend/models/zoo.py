@@ -191,7 +191,8 @@ def build_model(name: str, info: dict, generator: torch.Generator | None = None)
     """Build model ``name`` for a dataset described by ``info`` (see ``FederatedData.info``)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    model = MODELS[name](info)
+    with torch.random.fork_rng(devices=[]):  # module constructors draw from the global RNG: keep it untouched
+        model = MODELS[name](info)
     if generator is not None:
         init_params(model, generator)
     return model

@@ -1,0 +1,132 @@
+import json
+
+import pytest
+import torch
+
+from fedblend.cli.config import load_config
+from fedblend.core.rng import SeedTree
+from fedblend.core.sampling import SamplingConfig, sample_clients
+from fedblend.experiment import run_experiment
+from tests.helpers import tiny_sim
+
+SYN = """
+method = "{method}"
+dataset = "synthetic"
+model = "mlp"
+rounds = 6
+seed = 3
+checkpoint_every = 2
+[partition]
+kind = "dirichlet"
+alpha = 0.5
+num_clients = 5
+min_samples = 5
+[train]
+lr = 0.05
+momentum = 0.9
+batch_size = 16
+optimizer_state = "keep"
+[sampling]
+scheme = "uniform_range"
+low = 0.6
+"""
+
+
+def _cfg(tmp_path, method="fedavg", overrides=()):
+    p = tmp_path / "c.toml"
+    p.write_text(SYN.format(method=method))
+    return load_config(p, list(overrides))
+
+
+def _metrics(d):
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("seconds"), r.pop("eval_seconds", None)
+    return rows
+
+
+def test_whole_tiny_run_is_deterministic(tmp_path, tiny_fed):
+    a = tiny_sim(tiny_fed, "fedavg", rounds=3, seed=5, momentum=0.9, optimizer_state="keep")
+    b = tiny_sim(tiny_fed, "fedavg", rounds=3, seed=5, momentum=0.9, optimizer_state="keep")
+    c = tiny_sim(tiny_fed, "fedavg", rounds=3, seed=6, momentum=0.9, optimizer_state="keep")
+    for s in (a, b, c):
+        s.run()
+    strip = lambda h: [{k: v for k, v in m.items() if "seconds" not in k} for m in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    assert all(torch.equal(a.server["global"][k], b.server["global"][k]) for k in a.server["global"])
+    assert strip(a.history) != strip(c.history)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "local", "fedavg-ft"])
+def test_resume_equals_uninterrupted(tmp_path, method):
+    cfg = _cfg(tmp_path, method)
+    full = run_experiment(cfg, tmp_path / "full")
+    # "killed" after 3 rounds: the last checkpoint is from round 2, round 3 is redone after --resume
+    stopped = run_experiment(cfg, tmp_path / "cut", stop_after=3)
+    assert stopped == {"stopped_at": 3}
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["next_round"] == 2
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
+    assert _metrics(tmp_path / "full") == _metrics(tmp_path / "cut")
+    for k in ("best_accuracy", "final_accuracy", "best_round", "rounds"):
+        assert full[k] == resumed[k]
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
+    for cid, st in a["clients"].items():
+        assert all(torch.equal(st["params"][k], b["clients"][cid]["params"][k]) for k in st["params"])
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run_experiment(_cfg(tmp_path), tmp_path / "none", resume=True)
+
+
+def test_results_directory_contract(tmp_path):
+    s = run_experiment(_cfg(tmp_path, overrides=["rounds=2"]), tmp_path / "r")
+    for f in ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json"):
+        assert (tmp_path / "r" / f).exists(), f
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for k in ("best_accuracy", "final_accuracy", "global_accuracy", "rounds", "seconds_per_round", "seed", "method"):
+        assert k in summary
+    assert 0 <= summary["final_accuracy"] <= 1 and summary["rounds"] == 2 and summary["seed"] == 3
+    assert summary == s | {"wall_seconds": summary["wall_seconds"]}
+    # the resolved config reproduces the run
+    again = load_config(tmp_path / "r" / "config.toml")
+    assert again.to_dict() == _cfg(tmp_path, overrides=["rounds=2"]).to_dict()
+
+
+def test_sampling_schemes():
+    tree = SeedTree(0)
+    assert sample_clients(SamplingConfig("fixed", join_ratio=1.0), 10, 0, tree) == list(range(10))
+    fixed = sample_clients(SamplingConfig("fixed", join_ratio=0.3), 10, 0, tree)
+    assert len(fixed) == 3 and fixed == sorted(set(fixed))
+    sizes = {len(sample_clients(SamplingConfig("uniform_range", low=0.6), 20, r, tree)) for r in range(200)}
+    assert min(sizes) == 12 and max(sizes) == 20 and len(sizes) == 9
+    assert sample_clients(SamplingConfig("fixed", join_ratio=0.3), 10, 4, tree) == \
+        sample_clients(SamplingConfig("fixed", join_ratio=0.3), 10, 4, SeedTree(0))
+
+
+def test_eval_every(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=5)
+    sim.protocol = type(sim.protocol)(every=2)
+    sim.run()
+    assert [("acc" in m) for m in sim.history] == [False, True, False, True, True]
+
+
+def test_sequential_server_mode_sees_earlier_uploads(tiny_fed):
+    """With sequential_server the second client of a round receives the model aggregated from the first."""
+    from fedblend.algorithms.fedavg import FedAvg
+
+    class SeqAvg(FedAvg):
+        name = "seqavg-test"
+
+        @property
+        def sequential_server(self):
+            return True
+
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=1)
+    sim.method = SeqAvg()
+    seen = []
+    orig = sim.method.downlink
+    sim.method.downlink = lambda server, cid, setup: seen.append(orig(server, cid, setup)) or seen[-1]
+    sim.run_round()
+    assert not torch.equal(seen[0]["fc1.weight"], seen[1]["fc1.weight"])
