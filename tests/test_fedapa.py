@@ -232,3 +232,14 @@ def test_end_to_end_deterministic_and_learns(tiny_fed, tmp_path):
     assert [p.name for p in paths] == ["fedapa_weights_round0001.png", "fedapa_weights_round0003.png",
                                        "fedapa_weights_latest.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_authors_code_variant_runs(tiny_fed):
+    opts = {"sequential": True, "self_weight_rule": "one", "server_momentum": 0.9, "momentum_scope": "matrix",
+            "eta": 0.05}
+    sim = tiny_sim(tiny_fed, "fedapa", opts, rounds=2)
+    hist = sim.run()
+    eff = sim.method.effective_weights(sim.server)  # rows as the next downlink uses them (lazy a_ii = 1, normalise)
+    assert torch.allclose(eff.sum(1), torch.ones(4, dtype=torch.float64))
+    assert torch.all(sim.server["weights"] >= 0) and torch.all(sim.server["weights"] <= 1)
+    assert "momentum" in sim.server and hist[-1]["acc"] > 0.3
