@@ -1,0 +1,301 @@
+"""FedAPA (Sun et al., IJCAI 2025): server-side gradient-based adaptive personalized aggregation.
+
+The server keeps, for every client ``i``, an aggregation-weight vector ``A_i`` over all ``M`` clients (the rows
+of an ``M x M`` matrix ``W``) and every client's last uploaded shared parameters ``theta_j``. Per round
+(paper Alg. 1), for every joining client ``i``:
+
+* Eq. 5 (line 7):  ``theta_bar_i = sum_j a_ij theta_j``  -- the personalized feature extractor sent to ``i``;
+* the client overwrites its body with ``theta_bar_i``, trains body + private head (Eq. 4), uploads ``theta_i``;
+* Eq. 6 (line 9):  ``Delta theta_i = theta_i - theta_bar_i``;
+* Eq. 7 (line 10): ``A_i <- A_i - eta (grad_{A_i} theta_bar_i)^T Delta theta_i``, where
+  ``(grad_{A_i} theta_bar_i)^T v = (<theta_1, v>, ..., <theta_M, v>)`` (inner products over all shared tensors);
+* post-processing (Sec. 3.2, lines 11-13): clip every ``a_ij`` to ``[0, 1]``; set ``a_ii = mu``; normalise
+  ``A_i`` to sum 1.
+
+Sign of Eq. 7. The paper motivates Eq. 7 as descent on the proxy loss ``1/2 ||theta_bar_i(A_i) - theta_i||^2``
+("Eq. 7 updates A_i in a way that minimizes the local loss"), whose gradient is
+``(grad_{A_i} theta_bar_i)^T (theta_bar_i - theta_i) = -(grad_{A_i} theta_bar_i)^T Delta theta_i``. Eq. 7 *as
+printed*, with ``Delta theta_i = theta_i - theta_bar_i`` (Eq. 6), subtracts ``-gradient``, i.e. it ascends that
+loss. The authors' code computes ``grad = (grad theta_bar)^T (theta_bar - theta)`` and takes an optimizer step
+``A <- A - eta * grad``: descent. Default ``sign = "descent"`` (stated intent + code); ``sign = "eq7-literal"``
+runs Eq. 7 exactly as printed.
+
+Partial model sharing (PMS): only the body (``model.body_names()``, LeNet-5's first four layers) travels; the
+head stays in the client state. ``share = "all"`` is the paper's "APA without PMS" ablation (Table 3).
+
+Options that come from the authors' code (``Yuxia-Sun/FedAPA``) rather than the paper, all off by default:
+``server_momentum = 0.9`` (their SGD optimizer over the weight matrix), ``momentum_scope = "matrix"`` (one
+optimizer for the whole matrix: every step also moves other rows by their stale momentum; rows are then clipped
+as a whole and a row's self-weight/normalisation is applied lazily when it is next used, as the code does),
+``self_weight_rule = "one"`` (``a_ii <- 1`` before normalising instead of ``mu``), ``sequential = True``
+(clients of a round run one after another; later ones see earlier uploads).
+
+Evaluation (paper Sec. 5.2, notes): every client's current local model (received body + private head after its
+last training) on its own test data, pooled. There is no global model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from fedblend.algorithms.registry import register_method
+from fedblend.core.method import Method, Setup, State
+from fedblend.core.options import ConfigError
+from fedblend.core.params import Params
+
+
+@dataclass(frozen=True)
+class FedAPAOptions:
+    """FedAPA options; defaults are the paper's (Sec. 3.2, Alg. 1, Sec. 5.1)."""
+
+    CHOICES: ClassVar[dict] = {"self_weight_rule": ("mu", "one"), "sign": ("descent", "eq7-literal"),
+                               "momentum_scope": ("row", "matrix"), "share": ("body", "all")}
+
+    eta: float = 0.01  # server learning rate of the weight vectors (Sec. 5.1)
+    mu: float = 0.5  # self-weight set before normalising (Sec. 3.2 step 2, Alg. 1 line 12, Table 4)
+    self_weight_rule: str = "mu"  # "mu": a_ii <- mu (paper); "one": a_ii <- 1 (authors' code)
+    clip: bool = True  # post-processing step 1 (Alg. 1 line 11); False = Table 3 "w/o Clipping"
+    self_weight: bool = True  # step 2 (line 12); False = "w/o Self-weight"
+    normalize: bool = True  # step 3 (line 13); False = "w/o Normalization"
+    sign: str = "descent"  # "descent": minimise 1/2||theta_bar - theta||^2 (text + code); "eq7-literal"
+    server_momentum: float = 0.0  # paper: plain step (Eq. 7); authors' code: 0.9
+    momentum_scope: str = "row"  # "row": a row's buffer moves only when it is updated; "matrix": authors' code
+    share: str = "body"  # "body": partial model sharing (paper); "all": Table 3 "APA without PMS"
+    sequential: bool = False  # authors' code: one client after another within a round (paper: parallel)
+    heatmap_rounds: tuple[int, ...] = (1, 10, 25, 50)  # 1-based rounds whose weight matrix is kept for plots
+
+    def validate(self, where: str) -> None:
+        if self.eta < 0:
+            raise ConfigError(f"{where}.eta must be >= 0, got {self.eta}")
+        if self.mu < 0:
+            raise ConfigError(f"{where}.mu must be >= 0, got {self.mu}")
+        if not 0 <= self.server_momentum < 1:
+            raise ConfigError(f"{where}.server_momentum must be in [0, 1), got {self.server_momentum}")
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def stack_flat(thetas: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``{name: (M, *shape)}`` -> ``(M, P)`` float64 matrix whose row ``j`` is client ``j``'s flat theta_j."""
+    return torch.cat([t.reshape(t.shape[0], -1).to(torch.float64) for t in thetas.values()], dim=1)
+
+
+def aggregate_row(row: torch.Tensor, thetas: Mapping[str, torch.Tensor]) -> Params:
+    """Eq. 5: ``theta_bar_i = sum_j a_ij theta_j`` for every shared tensor (computed in float64)."""
+    out: Params = {}
+    for name, t in thetas.items():
+        shape = (-1,) + (1,) * (t.dim() - 1)
+        out[name] = (t.to(torch.float64) * row.to(torch.float64).view(shape)).sum(0).to(t.dtype)
+    return out
+
+
+def weight_gradient(row: torch.Tensor, theta_stack: torch.Tensor, theta_i: torch.Tensor) -> torch.Tensor:
+    """Gradient of the proxy loss ``1/2 ||theta_bar_i(A_i) - theta_i||^2`` w.r.t. ``A_i`` (Sec. 3.2).
+
+    ``theta_bar_i = A_i^T Theta`` (Eq. 5, ``Theta`` = ``theta_stack``, rows theta_j), so the Jacobian transpose
+    ``(grad_{A_i} theta_bar_i)^T`` is ``Theta`` and the gradient is ``Theta (theta_bar_i - theta_i)``
+    ``= -(grad_{A_i} theta_bar_i)^T Delta theta_i`` with ``Delta theta_i`` of Eq. 6.
+    """
+    theta_bar = row.to(torch.float64) @ theta_stack
+    return theta_stack @ (theta_bar - theta_i.to(torch.float64))
+
+
+def prepare_row(row: torch.Tensor, cid: int, opts: FedAPAOptions) -> torch.Tensor:
+    """Steps 2-3 of the post-processing (Alg. 1 lines 12-13): self-weight, then normalisation.
+
+    A row whose sum is not positive (e.g. ``mu = 0`` with every other weight clipped to 0) cannot be
+    normalised; it falls back to the client's own model (``a_ii = 1``, others 0).
+    """
+    row = row.clone()
+    if opts.self_weight:
+        row[cid] = opts.mu if opts.self_weight_rule == "mu" else 1.0
+    if opts.normalize:
+        total = row.sum()
+        if float(total) <= 0:
+            row = torch.zeros_like(row)
+            row[cid] = 1.0
+        else:
+            row = row / total
+    return row
+
+
+def postprocess_row(row: torch.Tensor, cid: int, opts: FedAPAOptions) -> torch.Tensor:
+    """Post-processing after the gradient step (Sec. 3.2, Alg. 1 lines 11-13): clip to [0, 1], a_ii, normalise."""
+    if opts.clip:
+        row = row.clamp(0.0, 1.0)
+    return prepare_row(row, cid, opts)
+
+
+def update_rows(weights: torch.Tensor, momentum: torch.Tensor | None, grads: Mapping[int, torch.Tensor],
+                used_rows: Mapping[int, torch.Tensor], opts: FedAPAOptions
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. 7 + post-processing for every client in ``grads`` (in client-id order); other rows stay as they were
+    (except with ``momentum_scope = "matrix"``, the authors' single optimizer over the whole matrix).
+
+    ``grads[i]`` is :func:`weight_gradient`, ``used_rows[i]`` the row ``A_i`` that built what client ``i`` got.
+    Returns new tensors (inputs are not modified).
+    """
+    w = weights.clone()
+    buf = None if momentum is None else momentum.clone()
+    sgn = 1.0 if opts.sign == "descent" else -1.0  # eq7-literal: A - eta * (grad theta_bar)^T Delta = A + eta*g
+    for cid in sorted(grads):
+        g = sgn * grads[cid]
+        if opts.momentum_scope == "row":
+            row = used_rows[cid]
+            if buf is not None:
+                buf[cid] = opts.server_momentum * buf[cid] + g
+                g = buf[cid]
+            w[cid] = postprocess_row(row - opts.eta * g, cid, opts)
+        else:  # authors' code: one SGD(momentum) optimizer over W, clamp all of W, self-weight/normalise lazily
+            w[cid] = used_rows[cid]
+            full = torch.zeros_like(w)
+            full[cid] = g
+            if buf is not None:
+                buf = opts.server_momentum * buf + full
+                full = buf
+            w = w - opts.eta * full
+            if opts.clip:
+                w = w.clamp(0.0, 1.0)
+    return w, buf
+
+
+# ------------------------------------------------------------------------------------------------ the method
+@register_method
+class FedAPA(Method):
+    name = "fedapa"
+    options_cls = FedAPAOptions
+    paper = ("Sun et al., FedAPA: Server-side Gradient-Based Adaptive Personalized Aggregation for Federated "
+             "Learning on Heterogeneous Data, IJCAI 2025")
+    eval_model = ("each client's current local model (last received personalized body + private head, after its "
+                  "last local training)")
+    shares = "body"
+    has_global = False
+
+    @property
+    def sequential_server(self) -> bool:
+        return self.opts.sequential
+
+    def shared_names(self, setup: Setup) -> list[str]:
+        return setup.model.body_names() if self.opts.share == "body" else list(setup.init_params)
+
+    # ------------------------------------------------------------------------------------------ server
+    def init_server(self, setup: Setup) -> State:
+        """Alg. 1 lines 1-2: every stored theta_j is the common initial model; ``a_ii = 1``, ``a_ij = 0`` (Sec. 3.2)."""
+        m = setup.num_clients
+        names = self.shared_names(setup)
+        server: State = {
+            "weights": torch.eye(m, dtype=torch.float64),
+            "thetas": {n: setup.init_params[n].detach().unsqueeze(0).repeat((m,) + (1,) * setup.init_params[n].dim())
+                       for n in names},
+            "snapshots": {},
+        }
+        if self.opts.server_momentum > 0:
+            server["momentum"] = torch.zeros(m, m, dtype=torch.float64)
+        return server
+
+    def row_used(self, server: State, cid: int) -> torch.Tensor:
+        """The row ``A_i`` that aggregates client ``i``'s model now (rows are stored post-processed, except with
+        the authors' lazy ``momentum_scope = "matrix"``, where self-weight + normalisation happen at use)."""
+        row = server["weights"][cid]
+        return prepare_row(row, cid, self.opts) if self.opts.momentum_scope == "matrix" else row
+
+    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
+        """Alg. 1 line 7 / Eq. 5: the personalized shared parameters for client ``cid``."""
+        return aggregate_row(self.row_used(server, cid), server["thetas"])
+
+    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
+        """Alg. 1 lines 9-13 for every uploading client; then store the uploads (theta_j of later rounds).
+
+        All gradients use the stored parameters and rows from which the round's downlinks were built.
+        """
+        thetas = server["thetas"]
+        stack = stack_flat(thetas)
+        used = {cid: self.row_used(server, cid) for cid in uploads}
+        grads = {}
+        for cid, up in uploads.items():
+            flat = torch.cat([up["params"][n].reshape(-1).to(torch.float64) for n in thetas])
+            grads[cid] = weight_gradient(used[cid], stack, flat)
+        weights, momentum = update_rows(server["weights"], server.get("momentum"), grads, used, self.opts)
+        new_thetas = {}
+        for n, t in thetas.items():
+            t = t.clone()
+            for cid, up in uploads.items():
+                t[cid] = up["params"][n].detach()
+            new_thetas[n] = t
+        out = {**server, "weights": weights, "thetas": new_thetas}
+        if momentum is not None:
+            out["momentum"] = momentum
+        rnd = setup.rnd + 1
+        if rnd in self.opts.heatmap_rounds:
+            out["snapshots"] = {**server.get("snapshots", {}), rnd: self.effective_weights(out).float()}
+        return out
+
+    def effective_weights(self, server: State) -> torch.Tensor:
+        """The ``M x M`` matrix whose row ``i`` would aggregate client ``i``'s next personalized model."""
+        return torch.stack([self.row_used(server, i) for i in range(server["weights"].shape[0])])
+
+
+# ------------------------------------------------------------------------------------------------ heatmaps
+def save_heatmap(matrix: torch.Tensor, path: str | Path, title: str = "") -> Path:
+    """Write the aggregation-weight matrix (row i = weights client i's model is built from) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = matrix.detach().cpu().float().numpy()
+    n = m.shape[0]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.3 * n, 0.8 + 0.3 * n))
+    im = ax.imshow(m, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(m.max())))
+    ax.set_xlabel("client j (contributes)")
+    ax.set_ylabel("client i (receives)")
+    ticks = list(range(0, n, max(1, n // 20)))
+    ax.set_xticks(ticks)
+    ax.set_yticks(ticks)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="a_ij")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def heatmaps_from_checkpoint(run_dir: str | Path, out_dir: str | Path | None = None,
+                             rounds: Sequence[int] | None = None) -> list[Path]:
+    """Heatmaps of a FedAPA run: one per snapshot in ``checkpoint.pt`` (``heatmap_rounds``) plus the latest."""
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+
+    run_dir = Path(run_dir)
+    ck = load_checkpoint(run_dir / FILENAME)
+    server = ck["server"]
+    if "weights" not in server:
+        raise ValueError(f"{run_dir}: checkpoint has no FedAPA weight matrix (server keys: {sorted(server)})")
+    out = Path(out_dir) if out_dir is not None else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    snaps = dict(server.get("snapshots", {}))
+    if rounds is not None:
+        snaps = {r: v for r, v in snaps.items() if r in set(rounds)}
+    paths = [save_heatmap(w, out / f"fedapa_weights_round{r:04d}.png", f"FedAPA aggregation weights, round {r}")
+             for r, w in sorted(snaps.items())]
+    opts = _options_from_run(run_dir)
+    latest = FedAPA(opts).effective_weights(server) if opts is not None else server["weights"]
+    paths.append(save_heatmap(latest, out / "fedapa_weights_latest.png",
+                              f"FedAPA aggregation weights after round {ck['next_round']}"))
+    return paths
+
+
+def _options_from_run(run_dir: Path) -> FedAPAOptions | None:
+    cfg = run_dir / "config.toml"
+    if not cfg.exists():
+        return None
+    import tomllib
+
+    from fedblend.core.options import from_table
+
+    raw = tomllib.loads(cfg.read_text())
+    return from_table(FedAPAOptions, raw.get("options", {}), "options")
