@@ -291,3 +291,20 @@ def test_benchmark_configs_load(name, method):
         ref = load_config(REPO / "configs" / "benchmarks" / f"t1-fmnist-{name.split('-')[2]}-fedavg.toml")
         assert (cfg.train, cfg.sampling, cfg.partition, cfg.eval, cfg.rounds) == (
             ref.train, ref.sampling, ref.partition, ref.eval, ref.rounds)
+
+
+def test_weights_script_draws_png(tiny_fed, tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+    import subprocess
+    import sys
+
+    sim = tiny_sim(tiny_fed, "fedala", rounds=3)
+    sim.run()
+    sim.save(tmp_path / "checkpoint.pt")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in sim.history))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "ala_weights.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "ala_weights.png").stat().st_size > 0
+    assert "ala_share" in out.stdout
