@@ -59,7 +59,7 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         "bytes_down_per_round": _mean([sum(m["bytes_down"]) for m in sim.history]),
         "bytes_up_per_round": _mean([sum(m["bytes_up"]) for m in sim.history]),
         "protocol": {
-            "personalized_model": sim.method.eval_model,
+            "personalized_model": sim.method.describe_eval(),
             "when": "after each round's aggregation (every eval.every rounds and the last)",
             "split": sim.protocol.split,
             "accuracy": "pooled over clients: sum correct / sum samples",

@@ -3,7 +3,15 @@
 Importing this package registers every built-in method (see :mod:`fedblend.algorithms.registry`).
 """
 
-from fedblend.algorithms import fedapa, fedavg, fedavg_ft, fedprox, local  # noqa: F401  (registration)
+from fedblend.algorithms import (  # noqa: F401  (registration)
+    ala,
+    fedala,
+    fedapa,
+    fedavg,
+    fedavg_ft,
+    fedprox,
+    local,
+)
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method
 
 __all__ = ["METHODS", "TRANSFORMS", "build_method"]

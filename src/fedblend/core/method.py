@@ -104,6 +104,10 @@ class ClientTransform:
                     params: Params) -> Params:
         return params
 
+    def eval_description(self, method: Method, current: str) -> str:
+        """What the personalized accuracy evaluates with this transform on (``current``: without it)."""
+        return current
+
 
 class Method:
     """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring)."""
@@ -133,6 +137,13 @@ class Method:
     @property
     def label(self) -> str:
         return "+".join([self.name] + [t.name for t in self.transforms])
+
+    def describe_eval(self) -> str:
+        """``eval_model`` as changed by the transforms (written into every result's protocol)."""
+        desc = self.eval_model
+        for t in self.transforms:
+            desc = t.eval_description(self, desc)
+        return desc
 
     def shared_names(self, setup: Setup) -> list[str]:
         return list(setup.init_params) if self.shares == "all" else setup.model.body_names()

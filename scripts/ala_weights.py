@@ -1,0 +1,115 @@
+"""Diagnostics of ALA's learned weights for one finished (or checkpointed) run.
+
+    python scripts/ala_weights.py RUN_DIR [--out RUN_DIR/ala_weights.png]
+
+Reads ``RUN_DIR/checkpoint.pt`` (every client's current W, ``cstate["ala"]``) and ``RUN_DIR/metrics.jsonl``
+(per round, averaged over the selected clients: ``ala_w_{mean,q10,q50,q90}.<layer>``, ``ala_seconds``,
+``ala_epochs``) and draws one PNG:
+
+* top row, one panel per ALA layer: histogram of W pooled over all clients at the checkpoint;
+* middle row, one panel per ALA layer: the median and the 10-90 % band of W (client means) across rounds,
+  and each client's own median trajectory from its ``cstate["ala"]["history"]``;
+* bottom: ALA's share of the round's training time, ``ala_seconds * len(selected) / seconds``, and the number
+  of weight-learning epochs per round.
+
+It also prints the per-round time share. matplotlib is imported only here, so the library does not need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def load(run: Path) -> tuple[dict, list[dict]]:
+    ck = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return ck, metrics
+
+
+def layer_of(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+def time_share(metrics: list[dict]) -> list[tuple[int, float | None]]:
+    out = []
+    for m in metrics:
+        a = m.get("ala_seconds")
+        out.append((m["round"], a * len(m["selected"]) / m["seconds"] if a is not None and m["seconds"] else None))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--out", help="PNG path (default RUN_DIR/ala_weights.png)")
+    args = ap.parse_args()
+    run = Path(args.run_dir)
+    ck, metrics = load(run)
+    clients = {cid: st.get("ala") for cid, st in ck["clients"].items() if st.get("ala")}
+    weights = {cid: a["weights"] for cid, a in clients.items() if a.get("weights")}
+    if not weights:
+        raise SystemExit(f"{run}: no ALA weights in the checkpoint (is the method fedala or X+ala?)")
+    layers = sorted({layer_of(n) for w in weights.values() for n in w},
+                    key=lambda ly: min(i for i, n in enumerate(next(iter(weights.values()))) if layer_of(n) == ly))
+    shares = time_share(metrics)
+    print("round  ala_share  ala_epochs")
+    for (rnd, share), m in zip(shares, metrics):
+        print(f"{rnd:5d}  {'-' if share is None else f'{share:9.3f}'}  {m.get('ala_epochs', '-')}")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = max(len(layers), 2)
+    fig, axes = plt.subplots(3, cols, figsize=(4.5 * cols, 10), squeeze=False)
+    for j, ly in enumerate(layers):
+        vals = torch.cat([w[n].reshape(-1) for w in weights.values() for n in w if layer_of(n) == ly]).numpy()
+        ax = axes[0][j]
+        ax.hist(vals, bins=50, range=(0, 1), color="tab:blue")
+        ax.set_yscale("log")
+        ax.set_title(f"W of {ly} at round {ck['next_round']} ({len(weights)} clients, {vals.size} values)")
+        ax.set_xlabel("weight (0 = keep local, 1 = take global)")
+        ax = axes[1][j]
+        rows = [m for m in metrics if f"ala_w_q50.{ly}" in m]
+        if rows:
+            r = [m["round"] for m in rows]
+            ax.fill_between(r, [m[f"ala_w_q10.{ly}"] for m in rows], [m[f"ala_w_q90.{ly}"] for m in rows],
+                            alpha=0.3, label="q10-q90 (mean over clients)")
+            ax.plot(r, [m[f"ala_w_q50.{ly}"] for m in rows], label="median")
+            ax.plot(r, [m[f"ala_w_mean.{ly}"] for m in rows], label="mean")
+        for a in clients.values():
+            hist = [h for h in a.get("history", []) if ly in h["w"]]
+            if hist:
+                ax.plot([h["round"] for h in hist], [h["w"][ly][2] for h in hist], color="grey", lw=0.5, alpha=0.5)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"W of {ly} across rounds (grey: each client's median)")
+        ax.set_xlabel("round")
+        ax.legend(fontsize=8)
+    for j in range(len(layers), cols):
+        axes[0][j].axis("off")
+        axes[1][j].axis("off")
+    ax = axes[2][0]
+    ax.plot([r for r, s in shares if s is not None], [s for _, s in shares if s is not None], marker="o")
+    ax.set_title("ALA share of training time per round")
+    ax.set_xlabel("round")
+    ax = axes[2][1]
+    ax.plot([m["round"] for m in metrics if "ala_epochs" in m], [m["ala_epochs"] for m in metrics if "ala_epochs" in m],
+            marker="o")
+    ax.set_title("weight-learning epochs per client (mean)")
+    ax.set_xlabel("round")
+    for j in range(2, cols):
+        axes[2][j].axis("off")
+    fig.tight_layout()
+    out = Path(args.out) if args.out else run / "ala_weights.png"
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

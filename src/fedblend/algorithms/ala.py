@@ -1,0 +1,256 @@
+"""Adaptive Local Aggregation (ALA), the client-initialisation part of FedALA, usable on any method by name.
+
+Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated Learning", AAAI 2023.
+
+Instead of overwriting its old local model with the received global model, client ``i`` builds its starting
+point element-wise (paper Eq. 2-4)::
+
+    theta_hat = theta_local * (1 - W) + theta_global * W     on the top p layers   (Eq. 2 with W_1 = 1 - W)
+    theta_hat = theta_global                                 on the lower layers    (Eq. 4: the ones block)
+
+which is Eq. 3/4, ``theta_local + (theta_global - theta_local) * W``, written in the Eq. 2 form so that W = 1
+gives exactly the global tensors and W = 0 exactly the local ones (FedAvg's overwrite is W = 1 bit for bit).
+``W`` (one weight per element of the top p layers) starts at ones (Alg. 1 line 4), lives in the client state
+``cstate["ala"]["weights"]`` across rounds, and is learned on an s% sample of the client's training data with
+both models frozen (Eq. 5; appendix A, Eq. 7)::
+
+    W <- clip(W - eta * dL/dtheta_hat * (theta_global - theta_local), 0, 1)      per mini-batch
+
+The first round in which a client's global and local models differ is the "initial stage" (Alg. 1 lines
+10-13): weight-learning epochs repeat until W converges, measured as in the authors' code: more than ``window``
+recorded epoch losses and their (population) std over the last ``window`` below ``threshold``; ``cap`` bounds
+the epochs (with a warning when reached). Later rounds learn one epoch (lines 14-16). ALA is skipped while the
+top layers of the global and local models are equal (the first round: Theta^0 = Theta_i^0), since W could not
+move and theta_hat equals the received model.
+
+In the :class:`~fedblend.core.method.Method` template, "local" is ``cstate["params"]`` (the client's model after
+its last local training) and "global" is what ``client_init`` made from the payload, so ALA composes with every
+method that keeps the template (``fedavg+ala``, ``fedprox+ala``, ...). See ``docs/methods/fedala.md``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedblend.algorithms.registry import register_transform
+from fedblend.core.method import ClientCtx, ClientTransform, Method, State
+from fedblend.core.options import ConfigError
+from fedblend.core.params import Params, layer_of
+from fedblend.models.zoo import FedModel
+
+
+@dataclass(frozen=True)
+class ALAOptions:
+    """Options of ALA (the ``[ala]`` table, or ``[options]`` of ``fedala``). Defaults are the paper's."""
+
+    CHOICES: ClassVar[dict] = {"sample": ("random", "window"), "record": ("last", "mean"),
+                               "eval": ("ala", "stored", "trained")}
+
+    eta: float = 1.0  # learning rate of the weight learning (paper: 1.0)
+    s: float = 80.0  # percent of the client's training data used for weight learning each round (paper: 80)
+    p: int = 1  # range of ALA in layers from the output (paper: 1 = output layer; code layer_idx = 2 * p)
+    threshold: float = 0.01  # initial stage: stop when std of the last `window` losses < threshold (README 0.01)
+    window: int = 10  # number of recorded epoch losses the std is taken over (code: 10)
+    cap: int = 100  # most weight-learning epochs in the initial stage (the code has none; a warning when hit)
+    sample: str = "random"  # "random": a random s% subset (paper); "window": contiguous s% at a random offset (code)
+    batch_size: int | None = None  # mini-batch size of the weight learning; None = the client's training batch size
+    record: str = "last"  # loss recorded per epoch for the stop rule: "last" batch's (code) or the epoch "mean"
+    eval: str = "ala"  # evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4
+    #                    with the stored W (no learning), "trained" = the method's own (model after local training)
+
+    def validate(self, where: str) -> None:
+        if self.eta < 0:
+            raise ConfigError(f"{where}.eta must be >= 0, got {self.eta}")
+        if not 0 < self.s <= 100:
+            raise ConfigError(f"{where}.s must be in (0, 100] (a percentage), got {self.s}")
+        if self.p < 1:
+            raise ConfigError(f"{where}.p must be >= 1 (layers from the output), got {self.p}")
+        if self.threshold < 0 or self.window < 1 or self.cap < 1:
+            raise ConfigError(f"{where}: need threshold >= 0, window >= 1, cap >= 1; got "
+                              f"{self.threshold}, {self.window}, {self.cap}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"{where}.batch_size must be >= 1, got {self.batch_size}")
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def ala_names(model: FedModel, p: int) -> list[str]:
+    """Parameter names of the top ``p`` layers (paper Eq. 4: W_i^p has the shape of the p higher layers)."""
+    return model.param_names(model.top_layers(p))
+
+
+def blend(local: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor],
+          weights: Mapping[str, torch.Tensor]) -> Params:
+    """Eq. 4: global tensors below, ``local * (1 - W) + global * W`` on the tensors that have a weight."""
+    out = dict(glob)
+    for n, w in weights.items():
+        out[n] = local[n] * (1 - w) + glob[n] * w
+    return out
+
+
+def ala_step(model: FedModel, local: Params, glob: Params, weights: Params, x: torch.Tensor,
+             y: torch.Tensor, eta: float) -> tuple[Params, float]:
+    """One weight-learning step on one batch (Eq. 5 / Eq. 7): only the top layers get gradients.
+
+    Returns ``clip(W - eta * dL/dtheta_hat * (global - local), 0, 1)`` and the batch loss at the old W.
+    """
+    top = {n: (local[n] * (1 - w) + glob[n] * w).requires_grad_(True) for n, w in weights.items()}
+    out = functional_call(model, {**glob, **top}, (x,))
+    loss = F.cross_entropy(out, y)
+    grads = torch.autograd.grad(loss, list(top.values()))
+    new = {}
+    with torch.no_grad():
+        for (n, w), g in zip(weights.items(), grads):
+            new[n] = (w - eta * g * (glob[n] - local[n])).clamp_(0.0, 1.0)
+    return new, float(loss.detach())
+
+
+def converged(losses: list[float], window: int, threshold: float) -> bool:
+    """The authors' stop rule for the initial stage: more than ``window`` losses recorded and the population
+    std of the last ``window`` of them below ``threshold``."""
+    return len(losses) > window and float(np.std(losses[-window:])) < threshold
+
+
+def sample_indices(n: int, s: float, mode: str, generator: torch.Generator) -> torch.Tensor:
+    """D_i^{s,t}: ``int(s% * n)`` (at least 1) sample indices, in the order the epochs of this round visit them.
+
+    ``random`` (paper, Sec. ALA): a uniformly random subset in random order. ``window`` (authors' code): the
+    contiguous block ``[o, o + k)`` of the client's training data at a uniformly random offset ``o``.
+    """
+    k = min(n, max(1, int(s / 100.0 * n)))
+    if mode == "random":
+        return torch.randperm(n, generator=generator)[:k]
+    if mode == "window":
+        o = int(torch.randint(0, n - k + 1, (1,), generator=generator))
+        return torch.arange(o, o + k)
+    raise ValueError(f"unknown ALA sample mode {mode!r}")
+
+
+@dataclass
+class ALAResult:
+    params: Params  # theta_hat (Eq. 4 with the learned W)
+    weights: Params  # the learned W
+    losses: list[float]  # recorded loss per weight-learning epoch
+    epochs: int
+    initial: bool  # whether this was the initial stage
+    capped: bool  # initial stage stopped by the cap, not by the stop rule
+
+
+def learn_weights(model: FedModel, local: Params, glob: Params, weights: Params, x: torch.Tensor,
+                  y: torch.Tensor, opts: ALAOptions, batch_size: int, generator: torch.Generator,
+                  initial: bool) -> ALAResult:
+    """Weight learning of one round (Alg. 1 lines 9-17): sample D_i^{s,t}, train W one epoch (or until the stop
+    rule in the initial stage), then build theta_hat by Eq. 4. ``local`` / ``glob`` are not modified."""
+    local = {n: local[n].detach() for n in weights}
+    glob = {k: v.detach() for k, v in glob.items()}
+    w = {n: v.detach().clone() for n, v in weights.items()}
+    losses: list[float] = []
+    capped = False
+    if len(y) > 0:
+        idx = sample_indices(len(y), opts.s, opts.sample, generator)
+        while True:
+            batch_losses, sizes = [], []
+            for b in torch.split(idx, batch_size):
+                w, loss = ala_step(model, local, glob, w, x[b], y[b], opts.eta)
+                batch_losses.append(loss)
+                sizes.append(len(b))
+            losses.append(batch_losses[-1] if opts.record == "last" else float(np.average(batch_losses, weights=sizes)))
+            if not initial or converged(losses, opts.window, opts.threshold):
+                break
+            if len(losses) >= opts.cap:
+                capped = True
+                break
+    return ALAResult(blend({**glob, **local}, glob, w), w, losses, len(losses), initial, capped)
+
+
+def weight_summary(model: FedModel, weights: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Per layer: ``[mean, q10, q50, q90]`` of the elements of W (weight and bias together)."""
+    out: dict[str, list[float]] = {}
+    for layer in model.layers:
+        vals = [w.reshape(-1) for n, w in weights.items() if layer_of(n) == layer]
+        if vals:
+            v = torch.cat(vals).double()
+            q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)) if v.numel() else v
+            out[layer] = [float(v.mean())] + [float(a) for a in q]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the transform
+@register_transform
+class ALA(ClientTransform):
+    """ALA as a client transform: ``cstate["ala"] = {"weights", "initial_done", "history"}``."""
+
+    name = "ala"
+    options_cls = ALAOptions
+
+    def init_state(self) -> State:
+        return {"weights": None, "initial_done": False, "history": []}
+
+    def _run(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> tuple[Params, State, ALAResult | None]:
+        """ALA on client ``ctx.cid``: returns theta_hat, the new ALA state and the learning record (None when
+        skipped). Randomness: ``ctx.tree.torch("ala")`` only."""
+        names = ala_names(ctx.model, self.opts.p)
+        if all(torch.equal(glob[n], local[n]) for n in names):
+            return glob, st, None  # nothing to learn: theta_hat = the received model
+        weights = st["weights"] or {n: torch.ones_like(glob[n]) for n in names}
+        if set(weights) != set(names):
+            raise ValueError(f"stored ALA weights cover {sorted(weights)}, expected {names} (p changed?)")
+        bs = self.opts.batch_size or ctx.train.batch_size
+        res = learn_weights(ctx.model, local, glob, weights, ctx.data.train_x, ctx.data.train_y, self.opts, bs,
+                            ctx.tree.torch("ala"), initial=not st["initial_done"])
+        if res.capped:
+            warnings.warn(f"ALA initial stage of client {ctx.cid} (round {ctx.rnd + 1}) stopped at the cap of "
+                          f"{self.opts.cap} epochs: std of the last {self.opts.window} losses "
+                          f"{float(np.std(res.losses[-self.opts.window:])):.4g} >= threshold {self.opts.threshold}",
+                          RuntimeWarning, stacklevel=2)
+        new_st = {**st, "weights": res.weights, "initial_done": st["initial_done"] or res.epochs > 0}
+        return res.params, new_st, res
+
+    def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
+        t0 = time.perf_counter()
+        st = cstate.get(self.key) or self.init_state()
+        hat, st, res = self._run(params, cstate["params"], st, ctx)
+        stats: dict[str, Any] = {"ala_skipped": float(res is None)}
+        if res is not None:
+            summary = weight_summary(ctx.model, res.weights)
+            stats.update(ala_epochs=res.epochs, ala_initial=float(res.initial), ala_capped=float(res.capped),
+                         ala_loss=res.losses[-1] if res.losses else None)
+            for layer, (mean, q10, q50, q90) in summary.items():
+                stats.update({f"ala_w_mean.{layer}": mean, f"ala_w_q10.{layer}": q10,
+                              f"ala_w_q50.{layer}": q50, f"ala_w_q90.{layer}": q90})
+            st = {**st, "history": list(st["history"]) + [
+                {"round": ctx.rnd + 1, "epochs": res.epochs, "loss": stats["ala_loss"], "w": summary}]}
+        stats["ala_seconds"] = time.perf_counter() - t0
+        ctx.stats.update(stats)
+        return hat, {**cstate, self.key: st}
+
+    def eval_params(self, method: Method, server: State, cstate: State, ctx: ClientCtx, params: Params) -> Params:
+        """``eval = "ala"``: the model this client would start its next round from (Alg. 1 returns these
+        theta_hat; PFLlib evaluates them), with W learned as in training but not kept, from the eval random
+        streams. ``"stored"``: Eq. 4 with the stored W. ``"trained"``: the method's own ``params``."""
+        if self.opts.eval == "trained":
+            return params
+        glob = method.client_init(method.downlink(server, ctx.cid, ctx.setup), cstate, ctx)
+        st = cstate.get(self.key) or self.init_state()
+        if self.opts.eval == "stored":
+            return blend(cstate["params"], glob, st["weights"] or {})
+        return self._run(glob, cstate["params"], st, ctx)[0]
+
+    def eval_description(self, method: Method, current: str) -> str:
+        if self.opts.eval == "ala":
+            return ("the ALA-initialised model theta_hat (FedALA Eq. 4, W learned one more epoch, or the initial "
+                    "stage, on the eval streams, not kept) from the aggregated global model and the client's model "
+                    "after its last local training, i.e. its start of the next round, before local training")
+        if self.opts.eval == "stored":
+            return ("Eq. 4 of FedALA with the client's stored ALA weights, from the aggregated global model and the "
+                    "client's model after its last local training (no weight learning at evaluation)")
+        return ("the method's own personalized model; with FedAvg / FedProx: each client's model after its last "
+                "local training, which started from the ALA-initialised model")
