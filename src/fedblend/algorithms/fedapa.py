@@ -293,7 +293,10 @@ def _options_from_run(run_dir: Path) -> FedAPAOptions | None:
     cfg = run_dir / "config.toml"
     if not cfg.exists():
         return None
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     from fedblend.core.options import from_table
 
