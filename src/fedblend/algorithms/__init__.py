@@ -3,7 +3,7 @@
 Importing this package registers every built-in method (see :mod:`fedblend.algorithms.registry`).
 """
 
-from fedblend.algorithms import fedavg, fedavg_ft, fedprox, local  # noqa: F401  (registration)
+from fedblend.algorithms import fedalp, fedavg, fedavg_ft, fedprox, local  # noqa: F401  (registration)
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method
 
 __all__ = ["METHODS", "TRANSFORMS", "build_method"]
