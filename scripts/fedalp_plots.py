@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     reports = [clustering_report(r, counts) for r in records]
     (out / "fedalp_clustering.json").write_text(json.dumps({"clusterings": reports}, indent=1) + "\n")
-    for i, (rec, rep) in enumerate(zip(records, reports)):
+    for i, rep in enumerate(reports):
         print(f"clustering {i} (after round {rep['round']}): {len(rep['group_sizes'])} groups, sizes "
               f"{rep['group_sizes']}, ARI vs dominant class {rep['ari_vs_dominant_class']:.3f}")
         for m, psi in enumerate(rep["psi"]):

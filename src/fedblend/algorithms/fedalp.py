@@ -258,6 +258,17 @@ class FedALP(Method):
                 best, best_sim = m, sim
         return best
 
+    # ------------------------------------------------------------------------------------ client
+    def init_client(self, cid: int, setup: Setup) -> State:
+        return {}  # a FedALP client keeps no model between rounds: it always trains the W_new it receives
+
+    def client_init(self, payload: Params, cstate: State, ctx: ClientCtx) -> Params:
+        return dict(payload)
+
+    def client_update(self, payload: Params, cstate: State, ctx: ClientCtx) -> tuple[State, State]:
+        upload, cstate = super().client_update(payload, cstate, ctx)
+        return upload, {k: v for k, v in cstate.items() if k != "params"}
+
     # ------------------------------------------------------------------------------------ evaluation
     def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
         groups = server.get("groups")
