@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(rep["psi"]) * len(layers)), 3.2))
         width = 0.8 / len(layers)
         for j, ly in enumerate(layers):
-            ax.bar(np.arange(len(rep["psi"])) + j * width, [p[ly] for p in rep["psi"]], width, label=ly)
+            ax.bar(np.arange(len(rep["psi"])) + (j - (len(layers) - 1) / 2) * width, [p[ly] for p in rep["psi"]], width, label=ly)
+        ax.set_xticks(np.arange(len(rep["psi"])))
         ax.set_xlabel("group")
         ax.set_ylabel("Psi_m (layer weight of the group model)")
         ax.set_ylim(0, 1)
