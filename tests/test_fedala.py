@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_sim
 
 from fedblend.algorithms import build_method
 from fedblend.algorithms.ala import (
@@ -27,6 +26,7 @@ from fedblend.core.params import clone
 from fedblend.core.rng import SeedTree
 from fedblend.core.training import TrainConfig
 from fedblend.models.zoo import MLP, build_model, model_params
+from tests.helpers import tiny_sim
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import tiny_sim
 
 from fedblend.algorithms.fedapa import (
     FedAPA,
@@ -21,6 +20,7 @@ from fedblend.algorithms.fedapa import (
 from fedblend.algorithms.registry import build_method
 from fedblend.core.options import ConfigError
 from fedblend.core.params import num_bytes
+from tests.helpers import tiny_sim
 
 RAW = FedAPAOptions(clip=False, self_weight=False, normalize=False)  # the bare Eq. 7 step
 

@@ -6,6 +6,7 @@ Importing this package registers every built-in method (see :mod:`fedblend.algor
 from fedblend.algorithms import (  # noqa: F401  (registration)
     ala,
     fedala,
+    fedalp,
     fedapa,
     fedavg,
     fedavg_ft,

@@ -1,0 +1,318 @@
+"""FedALP (Xie, Liu, Qu, Tang, Zhao: "FedALP: An Adaptive Layer-Based Approach for Improved Personalized
+Federated Learning", 2022): FedAvg warm-up, clustering of clients by their updates, then hierarchical training
+in which each group trains from a layer-wise mix of its group model and the global model.
+
+Phases (paper Algorithm 1 and 2):
+
+1. **Warm-up** (rounds ``1..T_pre``): plain FedAvg (Eq. 1-2). The server remembers each client's last update
+   ``dw_k = (trained model) - (model received)``.
+2. **Clustering and layer weights**, at the end of round ``T_pre`` (Algorithm 2): ``rho = S(dW)`` (Eq. 3-4,
+   :func:`~fedblend.algorithms.clustering.cosine_similarity`); Ward hierarchical clustering of ``rho`` cut into
+   ``M`` groups; per group ``D_m = sum_k gamma_k dw_k`` (Eq. 5, within-group data weights, "average gradient of
+   the clients within group m", Table 1), ``delta_m^(l) = ||D_m^(l)||_2`` per layer (Eq. 6-7) and
+   ``Psi_m = beta * delta_m / max(delta_m)`` (Eq. 8, :func:`layer_weights`). Group models start at the global
+   model (Algorithm 1 line 3).
+3. **Hierarchical training** (rounds ``T_pre+1..T``): group ``m``'s clients receive
+   ``W_new^(l) = Psi_m^(l) w_m^(l) + (1 - Psi_m^(l)) w_g^(l)`` (Eq. 9-10, :func:`mix_by_layer`); each trains
+   and returns ``dw_k``; ``w_m <- w_m + sum_{k in G_m} gamma_k dw_k`` (Algorithm 1 line 10, within-group data
+   weights); ``w_g <- sum_m (sum_{k in G_m} gamma_k) w_m`` (line 11, :func:`global_from_groups`).
+
+Evaluation: the personalized ("local") model of a client is its group's ``W_new`` (what the group server
+broadcasts) by default (``local_model = "mixed"``); ``"group"`` evaluates the raw group model ``w_m``. The global
+model ``w_g`` is evaluated on the same data every round (``global_accuracy``). Before clustering both are ``w_g``.
+
+Open choices (the paper is silent; see ``docs/methods/fedalp.md``) are options, defaults in brackets:
+``similarity`` [cosine: distance 1 - rho; "angular": arccos(rho) as Fraboni et al.'s code],
+``linkage_input`` [condensed: Ward on the distance matrix; "rows": rows of the distance matrix as points, what
+``scipy.linkage(square_matrix, "ward")`` in Fraboni et al.'s code does], ``layer_unit`` [layer: one weight per
+model layer, weight and bias together; "tensor": one per parameter tensor], ``group_update`` [literal: line 10
+as written; "mixed_start": ``w_m <- W_new + avg dw`` i.e. the mean of the group's trained models],
+``recluster_every`` [0: once, as the paper].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedblend.algorithms import clustering
+from fedblend.algorithms.registry import register_method
+from fedblend.core.method import ClientCtx, Method, Setup, State
+from fedblend.core.options import ConfigError
+from fedblend.core.params import Params, clone, layer_of, weighted_average
+
+
+@dataclass(frozen=True)
+class FedALPOptions:
+    CHOICES: ClassVar[dict] = {"similarity": ("cosine", "angular"), "linkage_input": ("condensed", "rows"),
+                               "layer_unit": ("layer", "tensor"), "group_update": ("literal", "mixed_start"),
+                               "local_model": ("mixed", "group"), "global_weights": ("members", "participants")}
+
+    t_pre: int = 0  # warm-up rounds T_pre; 0 = round(t_pre_fraction * rounds)
+    t_pre_fraction: float = 0.5  # paper: T_pre is "typically 40% to 70%" of T
+    num_groups: int = 10  # M (paper silent; 10 = the number of classes / of Fraboni et al.'s clusters)
+    beta: float = 0.6  # personalization factor, paper Table 2 / Fig. 2
+    similarity: str = "cosine"
+    linkage_input: str = "condensed"
+    layer_unit: str = "layer"
+    group_update: str = "literal"
+    local_model: str = "mixed"
+    recluster_every: int = 0  # 0 = cluster once at T_pre (paper); k > 0 = again every k rounds after T_pre
+    # line 11's gamma_k: "members" = data of all clients of each group; "participants" = data of this round's
+    # participants only (FedAvg's gamma under partial participation; groups without participants get 0). With
+    # group_update = "mixed_start" and beta = 0, "participants" makes FedALP equal FedAvg exactly also when
+    # only some clients join each round.
+    global_weights: str = "members"
+
+    def validate(self, where: str) -> None:
+        if not 0.0 <= self.beta <= 1.0:
+            raise ConfigError(f"{where}.beta must be in [0, 1], got {self.beta}")
+        if self.t_pre < 0:
+            raise ConfigError(f"{where}.t_pre must be >= 0 (0 = use t_pre_fraction), got {self.t_pre}")
+        if not 0.0 < self.t_pre_fraction < 1.0:
+            raise ConfigError(f"{where}.t_pre_fraction must be in (0, 1), got {self.t_pre_fraction}")
+        if self.num_groups < 1:
+            raise ConfigError(f"{where}.num_groups must be >= 1, got {self.num_groups}")
+        if self.recluster_every < 0:
+            raise ConfigError(f"{where}.recluster_every must be >= 0, got {self.recluster_every}")
+
+
+# --------------------------------------------------------------------------------------------- pure functions
+def layer_units(names: Sequence[str], unit: str = "layer") -> dict[str, list[str]]:
+    """Parameter names grouped into the units that get one weight each (a model layer, or each tensor)."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        out.setdefault(layer_of(n) if unit == "layer" else n, []).append(n)
+    return out
+
+
+def layer_weights(update: Mapping[str, torch.Tensor], beta: float, unit: str = "layer") -> dict[str, float]:
+    """FedALP Eq. 6-8 / Algorithm 2 ``LayersWeight``: ``Psi = beta * delta / max(delta)``, where ``delta^(l)`` is
+    the L2 norm of the (group-averaged) update restricted to unit ``l`` (weight and bias of a layer together).
+    A zero update gives ``Psi = 0`` everywhere."""
+    units = layer_units(list(update), unit)
+    delta = {u: float(torch.sqrt(sum((update[n].double() ** 2).sum() for n in names))) for u, names in units.items()}
+    top = max(delta.values(), default=0.0)
+    return {u: (beta * d / top if top > 0 else 0.0) for u, d in delta.items()}
+
+
+def mix_by_layer(group: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor], psi: Mapping[str, float],
+                 unit: str = "layer") -> Params:
+    """FedALP Eq. 9-10 (Algorithm 1 ``MixByLayer``): ``W^(l) = Psi^(l) w_m^(l) + (1 - Psi^(l)) w_g^(l)``."""
+    out: Params = {}
+    for n, g in glob.items():
+        p = float(psi[layer_of(n) if unit == "layer" else n])
+        out[n] = g.clone() if p == 0.0 else (group[n].clone() if p == 1.0 else p * group[n] + (1.0 - p) * g)
+    return out
+
+
+def global_from_groups(groups: Sequence[Mapping[str, torch.Tensor]], shares: Sequence[float]) -> Params:
+    """Algorithm 1 line 11: ``w_g = sum_m (sum_{k in G_m} gamma_k) w_m`` (shares normalised to sum 1)."""
+    keep = [(g, s) for g, s in zip(groups, shares) if s > 0]
+    return weighted_average([g for g, _ in keep], [s for _, s in keep])
+
+
+def _flat(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1).float() for t in params.values()])
+
+
+def _unflat(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Params:
+    out, i = {}, 0
+    for n, t in like.items():
+        out[n] = flat[i : i + t.numel()].view_as(t).to(t.dtype)
+        i += t.numel()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the method
+@register_method
+class FedALP(Method):
+    name = "fedalp"
+    options_cls = FedALPOptions
+    paper = "Xie et al., FedALP: An Adaptive Layer-Based Approach for Improved Personalized Federated Learning, 2022"
+    eval_model = ("the client's group model mixed layer-wise with the latest global model (Eq. 9, what the group "
+                  "server broadcasts); the global model before clustering")
+
+    def __init__(self, options=None, transforms=None):
+        super().__init__(options, transforms)
+        if self.opts.local_model == "group":
+            self.eval_model = "the client's group model w_m (the global model before clustering)"
+
+    # ------------------------------------------------------------------------------------ helpers
+    def t_pre(self, setup: Setup) -> int:
+        """Warm-up length: ``t_pre`` rounds, or ``max(1, round(t_pre_fraction * T))``."""
+        return self.opts.t_pre if self.opts.t_pre > 0 else max(1, int(round(self.opts.t_pre_fraction * setup.rounds)))
+
+    def start_model(self, server: State, cid: int) -> Params:
+        """The model client ``cid`` trains from: ``W_new`` of its group, or the global model when unassigned."""
+        groups = server.get("groups")
+        if groups is None or groups[cid] < 0:
+            return server["global"]
+        m = groups[cid]
+        return mix_by_layer(server["group_models"][m], server["global"], server["psi"][m], self.opts.layer_unit)
+
+    def cluster(self, server: State, setup: Setup, rnd: int) -> State:
+        """Algorithm 2 on the clients' latest updates; returns the server with groups, Psi and group models."""
+        opts = self.opts
+        last: dict[int, torch.Tensor] = server["last_update"]
+        cids = sorted(last)
+        groups = [-1] * setup.num_clients
+        like = server["global"]
+        if not cids:
+            return server
+        mat = torch.stack([last[c] for c in cids]).double().numpy()
+        rho = clustering.cosine_similarity(mat)
+        dist = clustering.similarity_to_distance(rho, opts.similarity)
+        if opts.linkage_input == "rows":
+            dist = clustering.rows_as_points_distance(dist)
+        m_eff = min(opts.num_groups, len(cids))
+        labels, z = clustering.ward_groups(dist, m_eff)
+        for c, g in zip(cids, labels):
+            groups[c] = int(g)
+        psi, deltas, shares = [], [], []
+        for m in range(m_eff):
+            members = [c for c in cids if groups[c] == m]
+            w = np.array([setup.num_samples[c] for c in members], dtype=np.float64)
+            d_m = (torch.from_numpy(w / w.sum()).view(-1, 1) * torch.stack([last[c] for c in members]).double()).sum(0)
+            upd = _unflat(d_m, {k: v.double() for k, v in like.items()})
+            psi.append(layer_weights(upd, opts.beta, opts.layer_unit))
+            deltas.append(layer_weights(upd, 1.0, opts.layer_unit))  # delta / max(delta), for diagnostics
+            shares.append(float(w.sum()))
+        old_groups = server.get("groups")
+        if old_groups is None:  # Algorithm 1 line 3: w_m <- w_g
+            models = [clone(like) for _ in range(m_eff)]
+        else:  # re-clustering: a new group starts from the data-weighted mean of its members' previous models
+            models = []
+            for m in range(m_eff):
+                members = [c for c in cids if groups[c] == m]
+                prev = [server["group_models"][old_groups[c]] if old_groups[c] >= 0 else like for c in members]
+                models.append(weighted_average(prev, [setup.num_samples[c] for c in members]))
+        record = {"round": rnd + 1, "clients": cids, "labels": [int(x) for x in labels],
+                  "rho": torch.from_numpy(rho).float(), "linkage": torch.from_numpy(z),
+                  "leaf_order": clustering.leaf_order(z).tolist(), "psi": psi, "delta_rel": deltas,
+                  "group_sizes": [int((labels == m).sum()) for m in range(m_eff)], "group_samples": shares,
+                  "similarity": opts.similarity, "linkage_input": opts.linkage_input, "beta": opts.beta}
+        return {**server, "groups": groups, "psi": psi, "group_models": models,
+                "clusterings": list(server.get("clusterings", [])) + [record]}
+
+    # ------------------------------------------------------------------------------------ server
+    def init_server(self, setup: Setup) -> State:
+        return {"global": clone(setup.init_params), "groups": None, "last_update": {}, "clusterings": []}
+
+    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
+        return self.start_model(server, cid)
+
+    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
+        rnd, t_pre = setup.rnd, self.t_pre(setup)
+        cids = sorted(uploads)
+        starts = {c: self.start_model(server, c) for c in cids}
+        updates = {c: {n: uploads[c]["params"][n] - starts[c][n] for n in starts[c]} for c in cids}
+        last = dict(server["last_update"])
+        for c in cids:
+            last[c] = _flat(updates[c])
+        server = {**server, "last_update": last}
+        if server["groups"] is None:  # warm-up: FedAvg (Algorithm 1 line 1)
+            avg = weighted_average([uploads[c]["params"] for c in cids], [uploads[c]["num_samples"] for c in cids])
+            server = {**server, "global": {**server["global"], **avg}}
+            if rnd + 1 == t_pre:
+                server = self.cluster(server, setup, rnd)
+            return server
+        return self.hierarchical_step(server, uploads, updates, setup)
+
+    def hierarchical_step(self, server: State, uploads: Mapping[int, State], updates: Mapping[int, Params],
+                          setup: Setup) -> State:
+        """Algorithm 1 lines 5-11 for the clients that joined this round."""
+        opts, rnd, t_pre = self.opts, setup.rnd, self.t_pre(setup)
+        groups = list(server["groups"])
+        models = list(server["group_models"])
+        num_groups = len(models)
+        # clients never clustered (not sampled before T_pre) join the group whose mean update is closest
+        for c in sorted(uploads):
+            if groups[c] < 0:
+                groups[c] = self._nearest_group(server, groups, _flat(updates[c]), setup)
+        for m in range(num_groups):
+            members = [c for c in sorted(uploads) if groups[c] == m]
+            if not members:
+                continue
+            step = weighted_average([updates[c] for c in members], [uploads[c]["num_samples"] for c in members])
+            base = models[m] if opts.group_update == "literal" else mix_by_layer(
+                models[m], server["global"], server["psi"][m], opts.layer_unit)
+            models[m] = {n: base[n] + step[n] for n in base}
+        pool = range(setup.num_clients) if opts.global_weights == "members" else sorted(uploads)
+        shares = [float(sum(setup.num_samples[c] for c in pool if groups[c] == m)) for m in range(num_groups)]
+        server = {**server, "groups": groups, "group_models": models,
+                  "global": global_from_groups(models, shares)}
+        if opts.recluster_every > 0 and (rnd + 1 - t_pre) % opts.recluster_every == 0:
+            server = self.cluster(server, setup, rnd)
+        return server
+
+    def _nearest_group(self, server: State, groups: list[int], update: torch.Tensor, setup: Setup) -> int:
+        last = server["last_update"]
+        best, best_sim = 0, -2.0
+        for m in range(len(server["group_models"])):
+            members = [c for c in range(setup.num_clients) if groups[c] == m and c in last]
+            if not members:
+                continue
+            centre = torch.stack([last[c] for c in members]).double().mean(0)
+            sim = float(torch.nn.functional.cosine_similarity(centre, update.double(), dim=0))
+            if sim > best_sim:
+                best, best_sim = m, sim
+        return best
+
+    # ------------------------------------------------------------------------------------ client
+    def init_client(self, cid: int, setup: Setup) -> State:
+        return {}  # a FedALP client keeps no model between rounds: it always trains the W_new it receives
+
+    def client_init(self, payload: Params, cstate: State, ctx: ClientCtx) -> Params:
+        return dict(payload)
+
+    def client_update(self, payload: Params, cstate: State, ctx: ClientCtx) -> tuple[State, State]:
+        upload, cstate = super().client_update(payload, cstate, ctx)
+        return upload, {k: v for k, v in cstate.items() if k != "params"}
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
+        groups = server.get("groups")
+        if groups is None or groups[ctx.cid] < 0:
+            return server["global"]
+        if self.opts.local_model == "group":
+            return server["group_models"][groups[ctx.cid]]
+        return self.start_model(server, ctx.cid)
+
+
+# --------------------------------------------------------------------------------------------- diagnostics
+def clustering_report(record: Mapping, train_counts: Sequence[Sequence[int]]) -> dict:
+    """What the users of FedALP want to see about one clustering (a record of ``server["clusterings"]``):
+
+    the group of each client against its dominant training class, the adjusted Rand index of the groups against
+    the dominant-class groups, the group-by-class contingency table, the per-group layer weights ``Psi_m`` and
+    ``delta_m / max(delta_m)``, and the client order (by group, then dominant class) for plotting ``rho``.
+    ``train_counts`` is the per-client class-count matrix (``partition.json``'s ``train_counts``).
+    """
+    cids = list(record["clients"])
+    labels = np.asarray(record["labels"])
+    counts = np.asarray(train_counts)
+    dominant = counts[cids].argmax(1)
+    num_groups, num_classes = int(labels.max()) + 1, counts.shape[1]
+    table = np.zeros((num_groups, num_classes), dtype=np.int64)
+    np.add.at(table, (labels, dominant), 1)
+    order = sorted(range(len(cids)), key=lambda i: (labels[i], dominant[i], cids[i]))
+    return {
+        "round": record["round"],
+        "clients": cids,
+        "group": labels.tolist(),
+        "dominant_class": dominant.tolist(),
+        "ari_vs_dominant_class": clustering.adjusted_rand_index(labels, dominant),
+        "group_by_class": table.tolist(),
+        "group_sizes": record["group_sizes"],
+        "psi": record["psi"],
+        "delta_rel": record["delta_rel"],
+        "beta": record["beta"],
+        "similarity": record["similarity"],
+        "linkage_input": record["linkage_input"],
+        "order_by_group": [cids[i] for i in order],
+    }
