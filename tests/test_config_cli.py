@@ -83,4 +83,5 @@ def test_benchmark_configs_validate():
 
     for p in sorted(Path(__file__).resolve().parents[1].glob("configs/**/*.toml")):
         cfg = load_config(p)
-        assert cfg.name == p.stem or not cfg.name, p
+        if p.parent.name == "benchmarks":  # report groups seeds by name: a benchmark's name is its file's stem
+            assert cfg.name == p.stem, p
