@@ -20,10 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="output folder (default: RUN_DIR)")
     ap.add_argument("--rounds", nargs="*", type=int, help="only these snapshot rounds (default: all kept)")
     args = ap.parse_args(argv)
-    from fedblend.algorithms.fedapa import heatmaps_from_checkpoint
+    import json
+    from pathlib import Path
+
+    from fedblend.algorithms.fedapa import FedAPA, heatmaps_from_checkpoint, same_class_mass
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
 
     for p in heatmaps_from_checkpoint(args.run_dir, args.out, args.rounds):
         print(p)
+    part = Path(args.run_dir) / "partition.json"
+    if part.exists():
+        server = load_checkpoint(Path(args.run_dir) / FILENAME)["server"]
+        counts = json.loads(part.read_text())["train_counts"]
+        print(json.dumps(same_class_mass(FedAPA().effective_weights(server), counts)))
     return 0
 
 

@@ -14,6 +14,7 @@ from fedblend.algorithms.fedapa import (
     FedAPAOptions,
     aggregate_row,
     heatmaps_from_checkpoint,
+    same_class_mass,
     update_rows,
     weight_gradient,
 )
@@ -243,3 +244,14 @@ def test_authors_code_variant_runs(tiny_fed):
     assert torch.allclose(eff.sum(1), torch.ones(4, dtype=torch.float64))
     assert torch.all(sim.server["weights"] >= 0) and torch.all(sim.server["weights"] <= 1)
     assert "momentum" in sim.server and hist[-1]["acc"] > 0.3
+
+
+def test_same_class_mass_by_hand():
+    # clients 0, 1 share class 0; client 2 holds class 1 only
+    counts = [[5, 0], [3, 0], [0, 4]]
+    w = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.25, 0.25, 0.5]])
+    out = same_class_mass(w, counts)
+    # client 0: 0.3 / 0.5; client 1: 0.1 / 0.4; client 2: 0 / 0.5
+    assert out["same_class_mass"] == pytest.approx((0.6 + 0.25 + 0.0) / 3)
+    assert out["chance_level"] == pytest.approx((0.5 + 0.5 + 0.0) / 3)
+    assert out["mean_self_weight"] == pytest.approx((0.5 + 0.6 + 0.5) / 3)

@@ -239,6 +239,28 @@ class FedAPA(Method):
         return torch.stack([self.row_used(server, i) for i in range(server["weights"].shape[0])])
 
 
+# ------------------------------------------------------------------------------------------------ diagnostics
+def same_class_mass(weights: torch.Tensor, train_counts: Sequence[Sequence[int]]) -> dict[str, float]:
+    """How much of each client's weight on *other* clients goes to clients that share a class with it.
+
+    ``shares(i, j)``: clients i and j both hold training samples of at least one common class. Returns the mean
+    over clients of ``sum_{j != i, shares} a_ij / sum_{j != i} a_ij`` (clients with no off-diagonal mass are
+    left out), the same for a uniform row (the chance level), and the mean self-weight.
+    """
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    has = torch.as_tensor(train_counts) > 0
+    share = (has.double() @ has.double().T) > 0
+    eye = torch.eye(w.shape[0], dtype=torch.bool)
+    off = w.masked_fill(eye, 0.0)
+    total = off.sum(1)
+    ok = total > 0
+    mass = (off * share).sum(1)[ok] / total[ok]
+    chance = ((share & ~eye).sum(1).double() / (w.shape[0] - 1))[ok]
+    return {"same_class_mass": float(mass.mean()) if ok.any() else float("nan"),
+            "chance_level": float(chance.mean()) if ok.any() else float("nan"),
+            "mean_self_weight": float(w.diagonal().mean())}
+
+
 # ------------------------------------------------------------------------------------------------ heatmaps
 def save_heatmap(matrix: torch.Tensor, path: str | Path, title: str = "") -> Path:
     """Write the aggregation-weight matrix (row i = weights client i's model is built from) as a PNG."""
