@@ -1,6 +1,6 @@
 """``fedblend report``: turn a set of run directories into a table (mean ± std over seeds) and curve PNGs.
 
-Runs are grouped by their label (config ``name``, or dataset-partition-method) - every seed of a config
+Std is the sample standard deviation over seeds (ddof = 1). Runs are grouped by their label (config ``name``, or dataset-partition-method) - every seed of a config
 becomes one row with best and final personalized accuracy, global accuracy where a global model exists, and
 seconds per round.
 """
@@ -34,7 +34,7 @@ def _ms(values: list[float], scale: float = 100.0) -> str:
     if not vals:
         return "-"
     a = np.asarray(vals) * scale
-    return f"{a.mean():.2f} ± {a.std():.2f}" if len(a) > 1 else f"{a.mean():.2f}"
+    return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}" if len(a) > 1 else f"{a.mean():.2f}"
 
 
 def aggregate(runs: list[Path]) -> list[dict[str, Any]]:
