@@ -1,6 +1,7 @@
 """``fedblend report``: turn a set of run directories into a table (mean ± std over seeds) and curve PNGs.
 
-Std is the sample standard deviation over seeds (ddof = 1). Runs are grouped by their label (config ``name``, or dataset-partition-method) - every seed of a config
+Std is the sample standard deviation over seeds (ddof = 1).
+Runs are grouped by their label (config ``name``, or dataset-partition-method) - every seed of a config
 becomes one row with best and final personalized accuracy, global accuracy where a global model exists, and
 seconds per round.
 """
