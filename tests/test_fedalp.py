@@ -118,6 +118,25 @@ def test_group_update_mixed_start_variant():
     assert torch.allclose(new["group_models"][1]["fc1.weight"], t(0.0, 2.0))  # untouched
 
 
+def test_group_step_with_federation_gammas():
+    """step_weights = "federation": line 10 with gamma_k = n_k / (all K clients' data), as in line 11."""
+    m = build_method("fedalp", {"t_pre": 2, "step_weights": "federation"})
+    server = _hier_server()
+    setup = _setup([100, 300, 200, 200])  # 800 samples in the federation
+    uploads = {
+        0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100},
+        1: {"params": {"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, "num_samples": 300},
+        2: {"params": {"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, "num_samples": 200},
+    }
+    new = m.aggregate(server, uploads, setup)
+    # group 0: w_0 + 100/800 * (4, 0 | 0) + 300/800 * (0, 0 | 8) = (2.5, 0 | 7)
+    assert torch.allclose(new["group_models"][0]["fc1.weight"], t(2.5, 0.0))
+    assert torch.allclose(new["group_models"][0]["fc2.weight"], t(7.0))
+    # group 1: w_1 + 200/800 * (0, 3 | 0)
+    assert torch.allclose(new["group_models"][1]["fc1.weight"], t(0.0, 2.75))
+    assert torch.allclose(new["global"]["fc2.weight"], t(2.5))  # (7 + -2) / 2
+
+
 def test_global_from_groups_weights():
     g = global_from_groups([{"w": t(0.0)}, {"w": t(10.0)}, {"w": t(99.0)}], [1.0, 3.0, 0.0])
     assert torch.allclose(g["w"], t(7.5))

@@ -50,7 +50,8 @@ from fedblend.core.params import Params, clone, layer_of, weighted_average
 class FedALPOptions:
     CHOICES: ClassVar[dict] = {"similarity": ("cosine", "angular"), "linkage_input": ("condensed", "rows"),
                                "layer_unit": ("layer", "tensor"), "group_update": ("literal", "mixed_start"),
-                               "local_model": ("mixed", "group"), "global_weights": ("members", "participants")}
+                               "local_model": ("mixed", "group"), "global_weights": ("members", "participants"),
+                               "step_weights": ("group", "federation")}
 
     t_pre: int = 0  # warm-up rounds T_pre; 0 = round(t_pre_fraction * rounds)
     t_pre_fraction: float = 0.5  # paper: T_pre is "typically 40% to 70%" of T
@@ -67,6 +68,11 @@ class FedALPOptions:
     # group_update = "mixed_start" and beta = 0, "participants" makes FedALP equal FedAvg exactly also when
     # only some clients join each round.
     global_weights: str = "members"
+    # line 10's gamma_k: "group" = n_k / (data of the group's clients that joined this round), so the group model
+    # takes the group's average update (Table 1: D_m is the "average gradient" of the group); "federation" =
+    # n_k / (data of all K clients), the same gamma_k as line 11 (where the shares must sum to 1 over all
+    # clients), which scales each group's step by the joined members' share of the federation's data.
+    step_weights: str = "group"
 
     def validate(self, where: str) -> None:
         if not 0.0 <= self.beta <= 1.0:
@@ -239,6 +245,9 @@ class FedALP(Method):
             if not members:
                 continue
             step = weighted_average([updates[c] for c in members], [uploads[c]["num_samples"] for c in members])
+            if opts.step_weights == "federation":
+                scale = sum(uploads[c]["num_samples"] for c in members) / float(sum(setup.num_samples))
+                step = {n: scale * v for n, v in step.items()}
             base = models[m] if opts.group_update == "literal" else mix_by_layer(
                 models[m], server["global"], server["psi"][m], opts.layer_unit)
             models[m] = {n: base[n] + step[n] for n in base}
