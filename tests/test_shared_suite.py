@@ -7,7 +7,9 @@ import torch
 from fedblend.algorithms import METHODS, TRANSFORMS
 from tests.helpers import tiny_sim
 
-SPECS = sorted(METHODS) + [f"{m}+{t}" for t in sorted(TRANSFORMS) for m in ("fedavg", "fedprox")]
+# every transform on every method that has a global model to blend from (FedALA is already FedAvg + ALA)
+HOSTS = [m for m in sorted(METHODS) if METHODS[m].has_global and m != "fedala"]
+SPECS = sorted(METHODS) + [f"{m}+{t}" for t in sorted(TRANSFORMS) for m in HOSTS]
 
 
 def _same(a, b):

@@ -274,23 +274,31 @@ class FedALP(Method):
 
     # ------------------------------------------------------------------------------------ client
     def init_client(self, cid: int, setup: Setup) -> State:
-        return {}  # a FedALP client keeps no model between rounds: it always trains the W_new it receives
+        # A FedALP client keeps no model between rounds (it always trains the W_new it receives), unless a client
+        # transform (e.g. ALA in "fedalp+ala") blends W_new with the client's previous model.
+        return super().init_client(cid, setup) if self.transforms else {}
 
     def client_init(self, payload: Params, cstate: State, ctx: ClientCtx) -> Params:
         return dict(payload)
 
     def client_update(self, payload: Params, cstate: State, ctx: ClientCtx) -> tuple[State, State]:
         upload, cstate = super().client_update(payload, cstate, ctx)
+        if self.transforms:
+            return upload, cstate
         return upload, {k: v for k, v in cstate.items() if k != "params"}
 
     # ------------------------------------------------------------------------------------ evaluation
     def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
         groups = server.get("groups")
         if groups is None or groups[ctx.cid] < 0:
-            return server["global"]
-        if self.opts.local_model == "group":
-            return server["group_models"][groups[ctx.cid]]
-        return self.start_model(server, ctx.cid)
+            params = server["global"]
+        elif self.opts.local_model == "group":
+            params = server["group_models"][groups[ctx.cid]]
+        else:
+            params = self.start_model(server, ctx.cid)
+        for t in self.transforms:  # e.g. ALA's theta_hat from the W_new this client would receive
+            params = t.eval_params(self, server, cstate, ctx, params)
+        return params
 
 
 # --------------------------------------------------------------------------------------------- diagnostics
