@@ -9,7 +9,8 @@ Reads ``RUN_DIR/checkpoint.pt`` (every client's current W, ``cstate["ala"]``) an
 * top row, one panel per ALA layer: histogram of W pooled over all clients at the checkpoint;
 * middle row, one panel per ALA layer: the median and the 10-90 % band of W (client means) across rounds,
   and each client's own median trajectory from its ``cstate["ala"]["history"]``;
-* bottom: ALA's share of the round's training time, ``ala_seconds * len(selected) / seconds``, and the number
+* bottom: ALA's share of the round's client work (the ``ala_share`` metric; for runs recorded before it existed,
+  ``ala_seconds * len(selected) / seconds``), and the number
   of weight-learning epochs per round.
 
 It also prints the per-round time share. matplotlib is imported only here, so the library does not need it.
@@ -37,6 +38,9 @@ def layer_of(name: str) -> str:
 def time_share(metrics: list[dict]) -> list[tuple[int, float | None]]:
     out = []
     for m in metrics:
+        if m.get("ala_share") is not None:
+            out.append((m["round"], m["ala_share"]))
+            continue
         a = m.get("ala_seconds")
         out.append((m["round"], a * len(m["selected"]) / m["seconds"] if a is not None and m["seconds"] else None))
     return out

@@ -13,3 +13,9 @@ def tiny_sim(fed, method: str = "fedavg", options=None, transforms=None, rounds:
     cfg = TrainConfig(**{"lr": 0.05, "batch_size": 16, "epochs": 1, **train})
     m = build_method(method, options, transforms)
     return Simulation.create(m, fed, model, cfg, rounds, seed, SamplingConfig(join_ratio=join_ratio))
+
+
+def without_timings(history: list[dict]) -> list[dict]:
+    """Round metrics minus wall-clock fields (``*seconds*`` and the ``*_share`` derived from them), which differ
+    between otherwise identical runs."""
+    return [{k: v for k, v in m.items() if "seconds" not in k and not k.endswith("_share")} for m in history]

@@ -7,7 +7,7 @@ from fedblend.cli.config import load_config
 from fedblend.core.rng import SeedTree
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.experiment import run_experiment
-from tests.helpers import tiny_sim
+from tests.helpers import tiny_sim, without_timings
 
 SYN = """
 method = "{method}"
@@ -39,10 +39,7 @@ def _cfg(tmp_path, method="fedavg", overrides=()):
 
 
 def _metrics(d):
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("seconds"), r.pop("eval_seconds", None)
-    return rows
+    return without_timings([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()])
 
 
 def test_whole_tiny_run_is_deterministic(tmp_path, tiny_fed):
@@ -51,10 +48,9 @@ def test_whole_tiny_run_is_deterministic(tmp_path, tiny_fed):
     c = tiny_sim(tiny_fed, "fedavg", rounds=3, seed=6, momentum=0.9, optimizer_state="keep")
     for s in (a, b, c):
         s.run()
-    strip = lambda h: [{k: v for k, v in m.items() if "seconds" not in k} for m in h]  # noqa: E731
-    assert strip(a.history) == strip(b.history)
+    assert without_timings(a.history) == without_timings(b.history)
     assert all(torch.equal(a.server["global"][k], b.server["global"][k]) for k in a.server["global"])
-    assert strip(a.history) != strip(c.history)
+    assert without_timings(a.history) != without_timings(c.history)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "local", "fedavg-ft"])

@@ -265,7 +265,12 @@ def test_stats_and_options_validation(tiny_fed):
     m = sim.history[1]
     for k in ("ala_seconds", "ala_epochs", "ala_w_mean.fc2", "ala_w_q10.fc2", "ala_w_q50.fc2", "ala_w_q90.fc2"):
         assert k in m
-    assert 0 < m["ala_seconds"] < m["seconds"]
+    assert 0 < m["ala_seconds"] < m["client_seconds"] < m["seconds"]
+    # ALA's share of the round's client work = sum of ala_seconds / sum of client_seconds (4 clients, all join)
+    assert m["ala_share"] == pytest.approx(m["ala_seconds"] / m["client_seconds"])
+    assert 0.0 < m["ala_share"] < 1.0
+    plain = tiny_sim(tiny_fed, "fedavg", rounds=1)
+    assert "client_seconds" in plain.run_round() and not any(k.endswith("_share") for k in plain.history[0])
     assert 0.0 <= m["ala_w_q10.fc2"] <= m["ala_w_q50.fc2"] <= m["ala_w_q90.fc2"] <= 1.0
     from fedblend.core.options import ConfigError
     for bad in ({"s": 0}, {"s": 120}, {"p": 0}, {"eta": -1}, {"sample": "block"}, {"eval": "final"}):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
-from tests.helpers import tiny_sim
+from tests.helpers import tiny_sim, without_timings
 
 # every transform on every method that has a global model to blend from (FedALA is already FedAvg + ALA)
 HOSTS = [m for m in sorted(METHODS) if METHODS[m].has_global and m != "fedala"]
@@ -32,7 +32,6 @@ def test_method_contract(spec, tiny_fed, tmp_path):
     twin.restore(tmp_path / "ck.pt")
     assert _same(twin.server, sim.server) and _same(twin.store.states, sim.store.states)
     sim.run(), twin.run()
-    strip = lambda h: [{k: v for k, v in m.items() if "seconds" not in k} for m in h]  # noqa: E731
-    assert strip(sim.history) == strip(twin.history)  # resume from checkpoint == uninterrupted
+    assert without_timings(sim.history) == without_timings(twin.history)  # resume from checkpoint == uninterrupted
     losses = [m["train_loss"] for m in sim.history]
     assert losses[-1] < losses[0], losses

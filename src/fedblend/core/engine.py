@@ -76,13 +76,13 @@ class Simulation:
         if self.method.sequential_server:
             for cid in selected:
                 payloads[cid] = self.method.downlink(self.server, cid, self.setup)
-                uploads[cid], cstate = self.method.client_update(payloads[cid], self.store.get(cid), ctxs[cid])
+                uploads[cid], cstate = self._client_update(payloads[cid], self.store.get(cid), ctxs[cid])
                 self.store.put(cid, cstate)
                 self.server = self.method.aggregate(self.server, {cid: uploads[cid]}, self.setup)
         else:
             payloads = {cid: self.method.downlink(self.server, cid, self.setup) for cid in selected}
             jobs = [(payloads[cid], self.store.get(cid), ctxs[cid]) for cid in selected]
-            results = self.backend.run(self.method.client_update, jobs)
+            results = self.backend.run(self._client_update, jobs)
             for cid, (upload, cstate) in zip(selected, results):
                 self.store.put(cid, cstate)
                 uploads[cid] = upload
@@ -98,6 +98,7 @@ class Simulation:
         }
         for key in sorted({k for c in selected for k in ctxs[c].stats} - {"train_loss"}):
             metrics[key] = _mean([ctxs[c].stats.get(key) for c in selected])
+        metrics.update(_time_shares([ctxs[c].stats for c in selected]))
         last = t + 1 == self.setup.rounds
         if (t + 1) % max(1, self.protocol.every) == 0 or last:
             e0 = time.perf_counter()
@@ -106,6 +107,13 @@ class Simulation:
         self.history.append(metrics)
         self.next_round = t + 1
         return metrics
+
+    def _client_update(self, payload, cstate, ctx: ClientCtx):
+        """``method.client_update``, timed: ``client_seconds`` in the client's stats."""
+        t0 = time.perf_counter()
+        out = self.method.client_update(payload, cstate, ctx)
+        ctx.stats["client_seconds"] = time.perf_counter() - t0
+        return out
 
     @torch.no_grad()
     def evaluate(self, t: int) -> dict:
@@ -152,6 +160,17 @@ class Simulation:
         self.store.states = ck["clients"]
         self.history = ck["history"]
         return ck.get("extra", {})
+
+
+def _time_shares(stats: list[dict]) -> dict[str, float]:
+    """For every per-client timing ``X_seconds`` a method or transform reports (e.g. ALA's ``ala_seconds``),
+    ``X_share``: its sum over the round's clients divided by their summed ``client_seconds`` (the whole client
+    update), i.e. the part of the round's client work spent in X."""
+    total = sum(s.get("client_seconds", 0.0) for s in stats)
+    keys = sorted({k for s in stats for k in s if k.endswith("_seconds") and k != "client_seconds"})
+    if total <= 0:
+        return {}
+    return {k[: -len("_seconds")] + "_share": sum(float(s.get(k) or 0.0) for s in stats) / total for k in keys}
 
 
 def _mean(values: list) -> float:
