@@ -105,6 +105,19 @@ def test_fedavg_ft_training_identical_to_fedavg(tiny_fed):
     assert any(m["acc"] != m["global_acc"] for m in hb)  # the fine-tuned model is a different model
 
 
+def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
+    """fedavg-ft+ala (ALA eval "trained"): evaluation fine-tunes the client's own model, not the global one."""
+    sim = tiny_sim(tiny_fed, "fedavg-ft+ala", transforms={"ala": {"eval": "trained"}}, rounds=2)
+    sim.run()
+    ctx = sim.ctx(0, 1, "eval")
+    got = sim.method.eval_params(sim.server, sim.store.get(0), ctx)
+    want = sgd_train(sim.setup.model, sim.store.get(0)["params"], ctx.data.train_x, ctx.data.train_y, sim.setup.train,
+                     sim.ctx(0, 1, "eval").tree.torch("finetune"), epochs=1).params
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not torch.equal(got["fc2.weight"], sim.store.get(0)["params"]["fc2.weight"])  # fine-tuning ran
+    assert sim.method.describe_eval().endswith("then fine-tuned for ft_epochs on each client's training data")
+
+
 def test_bytes_counted_per_client(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, join_ratio=0.5)
     m = sim.run_round()

@@ -26,6 +26,13 @@ class FedAvgFT(FedAvg):
     eval_model = "the global model after aggregation, fine-tuned for ft_epochs on each client's training data"
 
     def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        res = sgd_train(ctx.model, server["global"], ctx.data.train_x, ctx.data.train_y, ctx.train,
+        # with a client transform (e.g. "fedavg-ft+ala") the fine-tuning starts from the model the transform gives
+        start = super().eval_params(server, cstate, ctx)
+        res = sgd_train(ctx.model, start, ctx.data.train_x, ctx.data.train_y, ctx.train,
                         ctx.tree.torch("finetune"), epochs=self.opts.ft_epochs)
         return res.params
+
+    def describe_eval(self) -> str:
+        if not self.transforms:
+            return self.eval_model
+        return f"{super().describe_eval()}; then fine-tuned for ft_epochs on each client's training data"
