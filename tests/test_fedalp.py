@@ -82,6 +82,16 @@ def _hier_server():
     }
 
 
+def _three_uploads():
+    """Clients 0, 1 (group 0) and 2 (group 1) joined; client 3 did not. Updates from their W_new: client 0
+    (4, 0 | 0), client 1 (0, 0 | 8), client 2 (0, 3 | 0)."""
+    return {
+        0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100},
+        1: {"params": {"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, "num_samples": 300},
+        2: {"params": {"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, "num_samples": 200},
+    }
+
+
 def test_group_and_global_aggregation_literal():
     m = build_method("fedalp", {"t_pre": 2})
     server = _hier_server()
@@ -89,11 +99,7 @@ def test_group_and_global_aggregation_literal():
     # W_new of group 0: fc1 = .5*(2,0) + .5*(1,1) = (1.5, .5); fc2 = 4.  Group 1: fc1 = (1,1); fc2 = .5*-2+.5*1 = -.5
     assert torch.allclose(m.downlink(server, 0, setup)["fc1.weight"], t(1.5, 0.5))
     assert torch.allclose(m.downlink(server, 2, setup)["fc2.weight"], t(-0.5))
-    uploads = {  # clients 0, 1 (group 0) and 2 (group 1) joined; client 3 did not
-        0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100},
-        1: {"params": {"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, "num_samples": 300},
-        2: {"params": {"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, "num_samples": 200},
-    }
+    uploads = _three_uploads()
     new = m.aggregate(server, uploads, setup)
     # group 0: w_0 + (100 * (4, 0 | 0) + 300 * (0, 0 | 8)) / 400 = (2 + 1, 0 | 4 + 6)
     assert torch.allclose(new["group_models"][0]["fc1.weight"], t(3.0, 0.0))
@@ -123,11 +129,7 @@ def test_group_step_with_federation_gammas():
     m = build_method("fedalp", {"t_pre": 2, "step_weights": "federation"})
     server = _hier_server()
     setup = _setup([100, 300, 200, 200])  # 800 samples in the federation
-    uploads = {
-        0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100},
-        1: {"params": {"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, "num_samples": 300},
-        2: {"params": {"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, "num_samples": 200},
-    }
+    uploads = _three_uploads()
     new = m.aggregate(server, uploads, setup)
     # group 0: w_0 + 100/800 * (4, 0 | 0) + 300/800 * (0, 0 | 8) = (2.5, 0 | 7)
     assert torch.allclose(new["group_models"][0]["fc1.weight"], t(2.5, 0.0))

@@ -112,7 +112,7 @@ def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
     ctx = sim.ctx(0, 1, "eval")
     got = sim.method.eval_params(sim.server, sim.store.get(0), ctx)
     want = sgd_train(sim.setup.model, sim.store.get(0)["params"], ctx.data.train_x, ctx.data.train_y, sim.setup.train,
-                     sim.ctx(0, 1, "eval").tree.torch("finetune"), epochs=1).params
+                     ctx.tree.torch("finetune"), epochs=1).params
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert not torch.equal(got["fc2.weight"], sim.store.get(0)["params"]["fc2.weight"])  # fine-tuning ran
     assert sim.method.describe_eval().endswith("then fine-tuned for ft_epochs on each client's training data")

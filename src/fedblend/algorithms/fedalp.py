@@ -288,17 +288,13 @@ class FedALP(Method):
         return upload, {k: v for k, v in cstate.items() if k != "params"}
 
     # ------------------------------------------------------------------------------------ evaluation
-    def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
+    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
         groups = server.get("groups")
         if groups is None or groups[ctx.cid] < 0:
-            params = server["global"]
-        elif self.opts.local_model == "group":
-            params = server["group_models"][groups[ctx.cid]]
-        else:
-            params = self.start_model(server, ctx.cid)
-        for t in self.transforms:  # e.g. ALA's theta_hat from the W_new this client would receive
-            params = t.eval_params(self, server, cstate, ctx, params)
-        return params
+            return server["global"]
+        if self.opts.local_model == "group":
+            return server["group_models"][groups[ctx.cid]]
+        return self.start_model(server, ctx.cid)
 
 
 # --------------------------------------------------------------------------------------------- diagnostics

@@ -16,7 +16,7 @@ class FedAvg(Method):
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
     eval_model = "the global model after aggregation (what each client receives), on each client's test data"
 
-    def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
+    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
         if self.transforms:  # with a client transform the personalized model is the client's own
-            return super().eval_params(server, cstate, ctx)
+            return cstate["params"]
         return server["global"]

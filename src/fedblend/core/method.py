@@ -204,9 +204,14 @@ class Method:
         return self.upload(res.params, cstate, ctx), cstate
 
     # ----------------------------------------------------------------------------------------- evaluation
+    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
+        """The method's own personalized model of client ``ctx.cid`` (default: its model after local training)."""
+        return cstate["params"]
+
     def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        """Parameters of client ``ctx.cid``'s personalized model, as the method's paper evaluates it."""
-        params = cstate["params"]
+        """Parameters of client ``ctx.cid``'s personalized model, as the method's paper evaluates it: the method's
+        :meth:`personalized_params`, then each transform's ``eval_params`` on top."""
+        params = self.personalized_params(server, cstate, ctx)
         for t in self.transforms:
             params = t.eval_params(self, server, cstate, ctx, params)
         return params
