@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedblend.cli.config import load_config
+from fedblend.config import load_config
 from fedblend.core.engine import Simulation
 from fedblend.core.sampling import sample_clients
 from fedblend.experiment import build_data

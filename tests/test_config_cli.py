@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from fedblend.cli.config import ConfigError, config_from_dict, load_config
 from fedblend.cli.main import main
+from fedblend.config import ConfigError, config_from_dict, load_config
 
 
 @pytest.mark.parametrize("raw,match", [

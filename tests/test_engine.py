@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from fedblend.cli.config import load_config
-from fedblend.core.rng import SeedTree
+from fedblend.common.rng import SeedTree
+from fedblend.config import load_config
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.experiment import run_experiment
 from tests.helpers import tiny_sim, without_timings

@@ -20,10 +20,10 @@ from fedblend.algorithms.ala import (
     learn_weights,
     sample_indices,
 )
-from fedblend.cli.config import load_config
+from fedblend.common.params import clone
+from fedblend.common.rng import SeedTree
+from fedblend.config import load_config
 from fedblend.core.method import ClientCtx, Setup
-from fedblend.core.params import clone
-from fedblend.core.rng import SeedTree
 from fedblend.core.training import TrainConfig
 from fedblend.models.zoo import MLP, build_model, model_params
 from tests.helpers import tiny_sim
@@ -272,7 +272,7 @@ def test_stats_and_options_validation(tiny_fed):
     plain = tiny_sim(tiny_fed, "fedavg", rounds=1)
     assert "client_seconds" in plain.run_round() and not any(k.endswith("_share") for k in plain.history[0])
     assert 0.0 <= m["ala_w_q10.fc2"] <= m["ala_w_q50.fc2"] <= m["ala_w_q90.fc2"] <= 1.0
-    from fedblend.core.options import ConfigError
+    from fedblend.common.options import ConfigError
     for bad in ({"s": 0}, {"s": 120}, {"p": 0}, {"eta": -1}, {"sample": "block"}, {"eval": "final"}):
         with pytest.raises(ConfigError):
             build_method("fedavg+ala", None, {"ala": bad})

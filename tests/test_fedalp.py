@@ -20,10 +20,10 @@ from fedblend.algorithms.clustering import (
     ward_linkage,
 )
 from fedblend.algorithms.fedalp import clustering_report, global_from_groups, layer_weights, mix_by_layer
+from fedblend.common.options import ConfigError
+from fedblend.common.params import flatten
+from fedblend.common.rng import SeedTree
 from fedblend.core.method import Setup
-from fedblend.core.options import ConfigError
-from fedblend.core.params import flatten
-from fedblend.core.rng import SeedTree
 from fedblend.core.training import TrainConfig
 from tests.helpers import tiny_sim
 

@@ -19,8 +19,8 @@ from fedblend.algorithms.fedapa import (
     weight_gradient,
 )
 from fedblend.algorithms.registry import build_method
-from fedblend.core.options import ConfigError
-from fedblend.core.params import num_bytes
+from fedblend.common.options import ConfigError
+from fedblend.common.params import num_bytes
 from tests.helpers import tiny_sim
 
 RAW = FedAPAOptions(clip=False, self_weight=False, normalize=False)  # the bare Eq. 7 step

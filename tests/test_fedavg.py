@@ -3,7 +3,7 @@ from torch import nn
 
 from fedblend.algorithms import build_method
 from fedblend.algorithms.fedprox import proximal_term
-from fedblend.core.params import weighted_average
+from fedblend.common.params import weighted_average
 from fedblend.core.training import TrainConfig, sgd_train
 from tests.helpers import tiny_sim
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fedblend.core.params import num_params
+from fedblend.common.params import num_params
 from fedblend.models import build_model, model_params
 
 IMG28 = {"in_channels": 1, "num_classes": 10, "image_size": 28, "input_shape": (1, 28, 28)}

@@ -1,4 +1,4 @@
-"""Run one experiment from a validated :class:`~fedblend.cli.config.RunConfig` and write its results directory.
+"""Run one experiment from a validated :class:`~fedblend.config.RunConfig` and write its results directory.
 
 Results directory (the run contract other tools rely on)::
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedblend.cli.config import RunConfig, dump_toml
+from fedblend.config import RunConfig, dump_toml
 from fedblend.core.checkpoint import FILENAME
 from fedblend.core.engine import Simulation
 from fedblend.data.federated import FederatedData, build_federated, load_partition

@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.registry import register_transform
+from fedblend.common.options import ConfigError
+from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientTransform, Method, State
-from fedblend.core.options import ConfigError
-from fedblend.core.params import Params, layer_of
 from fedblend.models.zoo import FedModel
 
 

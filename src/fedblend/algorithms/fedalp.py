@@ -41,9 +41,9 @@ import torch
 
 from fedblend.algorithms import clustering
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import ConfigError
+from fedblend.common.params import Params, clone, layer_of, weighted_average
 from fedblend.core.method import ClientCtx, Method, Setup, State
-from fedblend.core.options import ConfigError
-from fedblend.core.params import Params, clone, layer_of, weighted_average
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import ConfigError
+from fedblend.common.params import Params
 from fedblend.core.method import Method, Setup, State
-from fedblend.core.options import ConfigError
-from fedblend.core.params import Params
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ def _options_from_run(run_dir: Path) -> FedAPAOptions | None:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    from fedblend.core.options import from_table
+    from fedblend.common.options import from_table
 
     raw = tomllib.loads(cfg.read_text())
     return from_table(FedAPAOptions, raw.get("options", {}), "options")

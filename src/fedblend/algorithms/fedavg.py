@@ -6,8 +6,8 @@ Evaluated as the papers' FedAvg rows are: the global model after aggregation, on
 from __future__ import annotations
 
 from fedblend.algorithms.registry import register_method
+from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Method, State
-from fedblend.core.params import Params
 
 
 @register_method

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
+from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, State
-from fedblend.core.params import Params
 from fedblend.core.training import sgd_train
 
 

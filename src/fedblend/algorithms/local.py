@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fedblend.algorithms.registry import register_method
+from fedblend.common.params import Params
 from fedblend.core.method import Method, Setup, State
-from fedblend.core.params import Params
 
 
 @register_method

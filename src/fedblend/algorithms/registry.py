@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from fedblend.common.options import from_table
 from fedblend.core.method import ClientTransform, Method
-from fedblend.core.options import from_table
 
 METHODS: dict[str, type[Method]] = {}
 TRANSFORMS: dict[str, type[ClientTransform]] = {}

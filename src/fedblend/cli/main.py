@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
-from fedblend.core.options import ConfigError
+from fedblend.common.options import ConfigError
 from fedblend.data.partition import PartitionError
 from fedblend.data.sources import ChecksumError, DataNotFoundError
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from fedblend.cli.config import load_config
+    from fedblend.config import load_config
 
     if args.cmd == "methods":
         for name, cls in sorted(METHODS.items()):

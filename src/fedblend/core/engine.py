@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.evaluation import EvalProtocol, evaluate_params, summarise
 from fedblend.core.method import ClientCtx, Method, Setup, State, comm_bytes
-from fedblend.core.rng import SeedTree
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import ClientStore
 from fedblend.core.training import TrainConfig

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedblend.core.params import Params, clone, select, weighted_average
-from fedblend.core.rng import SeedTree
+from fedblend.common.params import Params, clone, select, weighted_average
+from fedblend.common.rng import SeedTree
 from fedblend.core.training import TrainConfig, TrainResult, sgd_train
 from fedblend.data.federated import ClientData
 from fedblend.models.zoo import FedModel

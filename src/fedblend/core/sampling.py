@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from fedblend.core.rng import SeedTree
+from fedblend.common.rng import SeedTree
 
 SCHEMES = ("fixed", "uniform_range")
 

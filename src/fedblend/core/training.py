@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedblend.core.params import Params
+from fedblend.common.params import Params
 
 
 @dataclass(frozen=True)

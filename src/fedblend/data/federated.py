@@ -22,9 +22,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedblend.core.rng import SeedTree
+from fedblend.common.rng import SeedTree
 from fedblend.data.partition import KINDS, RULES, counts_matrix, format_counts, partition, split_like
-from fedblend.data.sources import RawDataset
+from fedblend.data.raw import RawDataset
 
 SPLITS = ("official", "merge", "train_val_test")
 

@@ -24,10 +24,13 @@ import re
 import tarfile
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fedblend.data.raw import RawDataset
+from fedblend.data.synthetic import make_synthetic
 
 ENV_VAR = "FEDBLEND_DATA"
 
@@ -38,22 +41,6 @@ class DataNotFoundError(FileNotFoundError):
 
 class ChecksumError(ValueError):
     """A dataset file exists but its md5 is not the canonical one."""
-
-
-@dataclass
-class RawDataset:
-    """Arrays of a dataset in canonical form: uint8 images (N,C,H,W) or int64 token ids (N,L)."""
-
-    name: str
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    num_classes: int
-    kind: str = "image"  # "image" or "text"
-    mean: tuple[float, ...] = (0.5,)
-    std: tuple[float, ...] = (0.5,)
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -301,8 +288,6 @@ DATASETS: dict[str, Callable[..., RawDataset]] = {
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> RawDataset:
     """Load dataset ``name`` (see :data:`DATASETS` and ``synthetic``) from the data directory."""
     if name == "synthetic":
-        from fedblend.data.synthetic import make_synthetic
-
         return make_synthetic()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedblend.data.sources import RawDataset
+from fedblend.data.raw import RawDataset
 
 
 def make_synthetic(num_classes: int = 4, train_per_class: int = 60, test_per_class: int = 20,

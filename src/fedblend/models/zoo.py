@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedblend.core.params import Params, layer_of
+from fedblend.common.params import Params, layer_of
 
 
 class FedModel(nn.Module):

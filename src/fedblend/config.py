@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
+from fedblend.common.options import ConfigError, from_table, to_table
 from fedblend.core.evaluation import EvalProtocol
-from fedblend.core.options import ConfigError, from_table, to_table
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
