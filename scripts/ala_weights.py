@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
+from fedblend.core.checkpoint import load_checkpoint
+
 
 def load(run: Path) -> tuple[dict, list[dict]]:
-    ck = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    ck = load_checkpoint(run / "checkpoint.pt")
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return ck, metrics
 

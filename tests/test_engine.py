@@ -5,9 +5,10 @@ import torch
 
 from fedblend.common.rng import SeedTree
 from fedblend.config import load_config
+from fedblend.core.checkpoint import load_checkpoint
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.experiment import run_experiment
-from tests.helpers import tiny_sim, without_timings
+from tests.helpers import same_state, tiny_sim, without_timings
 
 SYN = """
 method = "{method}"
@@ -60,15 +61,14 @@ def test_resume_equals_uninterrupted(tmp_path, method):
     # "killed" after 3 rounds: the last checkpoint is from round 2, round 3 is redone after --resume
     stopped = run_experiment(cfg, tmp_path / "cut", stop_after=3)
     assert stopped == {"stopped_at": 3}
-    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["next_round"] == 2
+    assert load_checkpoint(tmp_path / "cut" / "checkpoint.pt")["next_round"] == 2
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
     assert _metrics(tmp_path / "full") == _metrics(tmp_path / "cut")
     for k in ("best_accuracy", "final_accuracy", "best_round", "rounds"):
         assert full[k] == resumed[k]
-    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
-    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
-    for cid, st in a["clients"].items():
-        assert all(torch.equal(st["params"][k], b["clients"][cid]["params"][k]) for k in st["params"])
+    a = load_checkpoint(tmp_path / "full" / "checkpoint.pt")
+    b = load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
+    assert a["clients"] and same_state(a["clients"], b["clients"]) and same_state(a["server"], b["server"])
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):
@@ -122,7 +122,7 @@ def test_sequential_server_mode_sees_earlier_uploads(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1)
     sim.method = SeqAvg()
     seen = []
-    orig = sim.method.downlink
-    sim.method.downlink = lambda server, cid, setup: seen.append(orig(server, cid, setup)) or seen[-1]
+    orig = sim.method.configure_train
+    sim.method.configure_train = lambda server, cid, sctx: seen.append(orig(server, cid, sctx)) or seen[-1]
     sim.run_round()
-    assert not torch.equal(seen[0]["fc1.weight"], seen[1]["fc1.weight"])
+    assert not torch.equal(seen[0].params()["fc1.weight"], seen[1].params()["fc1.weight"])

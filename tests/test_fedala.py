@@ -23,10 +23,10 @@ from fedblend.algorithms.ala import (
 from fedblend.common.params import clone
 from fedblend.common.rng import SeedTree
 from fedblend.config import load_config
-from fedblend.core.method import ClientCtx, Setup
+from fedblend.core.method import ClientCtx, RunInfo
 from fedblend.core.training import TrainConfig
 from fedblend.models.zoo import MLP, build_model, model_params
-from tests.helpers import tiny_sim
+from tests.helpers import eval_message, tiny_sim
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,9 +56,9 @@ def _ctx(model, x, y, cid=0, rnd=1, batch_size=64, seed=0):
 
     empty = torch.zeros(0, *x.shape[1:])
     data = ClientData(x, y, empty, torch.zeros(0, dtype=torch.long), empty, torch.zeros(0, dtype=torch.long))
-    setup = Setup(model=model, init_params=model_params(model), train=TrainConfig(batch_size=batch_size),
-                  num_clients=1, num_samples=[len(y)], rounds=3, tree=SeedTree(seed))
-    return ClientCtx(cid, rnd, data, setup, setup.tree.child("train", "round", rnd, "client", cid))
+    run = RunInfo(model=model, init_params=model_params(model), train=TrainConfig(batch_size=batch_size),
+                  num_clients=1, rounds=3, seed=seed)
+    return ClientCtx(cid, rnd, data, run, SeedTree(seed).child("train", "round", rnd, "client", cid))
 
 
 # ------------------------------------------------------------------------------------------------ the update
@@ -185,9 +185,10 @@ def test_eta_zero_reduces_to_fedavg(tiny_fed):
     assert b.history[0]["ala_skipped"] == 1.0 and b.history[1]["ala_skipped"] == 0.0  # ALA really ran
     assert b.history[1]["ala_epochs"] > 1  # including the initial stage
     assert all(torch.equal(a.server["global"][n], b.server["global"][n]) for n in a.server["global"])
+    # W = 1: every evaluated theta_hat is the global model, so the personalized accuracy is FedAvg's every round
+    assert [m["acc"] for m in a.history] == [m["acc"] for m in b.history]
+    assert [m["train_loss"] for m in a.history] == [m["train_loss"] for m in b.history]
     for cid in range(tiny_fed.num_clients):
-        pa, pb = a.store.get(cid)["params"], b.store.get(cid)["params"]
-        assert all(torch.equal(pa[n], pb[n]) for n in pa)
         assert all(torch.equal(w, torch.ones_like(w)) for w in b.store.get(cid)["ala"]["weights"].values())
 
 
@@ -249,12 +250,12 @@ def test_eval_modes_do_not_disturb_training(tiny_fed):
     # "stored": Eq. 4 with the stored W and the aggregated global model
     st = runs["stored"]
     cs = st.store.get(1)
-    got = st.method.eval_params(st.server, cs, st.ctx(1, 2, "eval"))
+    got = st.method.eval_params(eval_message(st, 1), cs, st.client_ctx(1, 2, "evaluate"))
     want = blend(cs["params"], st.server["global"], cs["ala"]["weights"])
     assert all(torch.equal(got[n], want[n]) for n in want)
     # "trained": the client's own model after local training
     tr = runs["trained"]
-    got = tr.method.eval_params(tr.server, tr.store.get(1), tr.ctx(1, 2, "eval"))
+    got = tr.method.eval_params(eval_message(tr, 1), tr.store.get(1), tr.client_ctx(1, 2, "evaluate"))
     assert got is tr.store.get(1)["params"]
     assert "ALA-initialised" in sim.method.describe_eval()
 

@@ -23,7 +23,7 @@ from fedblend.algorithms.fedalp import clustering_report, global_from_groups, la
 from fedblend.common.options import ConfigError
 from fedblend.common.params import flatten
 from fedblend.common.rng import SeedTree
-from fedblend.core.method import Setup
+from fedblend.core.method import Message, RunInfo, ServerCtx
 from fedblend.core.training import TrainConfig
 from tests.helpers import tiny_sim
 
@@ -65,14 +65,21 @@ def test_mix_by_layer():
 
 
 # ------------------------------------------------------------------------------------------------ Alg. 1 lines 10-11
-def _setup(num_samples, rnd=5, rounds=10):
+def _sctx(num_clients=4, rnd=5, rounds=10):
     init = {"fc1.weight": t(0.0, 0.0), "fc2.weight": t(0.0)}
-    return Setup(model=None, init_params=init, train=TrainConfig(), num_clients=len(num_samples),
-                 num_samples=list(num_samples), rounds=rounds, tree=SeedTree(0), rnd=rnd)
+    run = RunInfo(model=None, init_params=init, train=TrainConfig(), num_clients=num_clients, rounds=rounds, seed=0)
+    return ServerCtx(run, rnd, SeedTree(0).child("server", "round", rnd))
+
+
+def _replies(uploads):
+    """``{cid: (params, num_samples)}`` as the messages clients send back."""
+    return {c: Message({"params": p}, {"num_samples": n}) for c, (p, n) in uploads.items()}
 
 
 def _hier_server():
+    """After T_pre: two groups; the server has received every client's data size with its earlier uploads."""
     return {
+        "num_samples": {0: 100, 1: 300, 2: 200, 3: 200},
         "global": {"fc1.weight": t(1.0, 1.0), "fc2.weight": t(1.0)},
         "groups": [0, 0, 1, 1],
         "group_models": [{"fc1.weight": t(2.0, 0.0), "fc2.weight": t(4.0)},
@@ -85,22 +92,22 @@ def _hier_server():
 def _three_uploads():
     """Clients 0, 1 (group 0) and 2 (group 1) joined; client 3 did not. Updates from their W_new: client 0
     (4, 0 | 0), client 1 (0, 0 | 8), client 2 (0, 3 | 0)."""
-    return {
-        0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100},
-        1: {"params": {"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, "num_samples": 300},
-        2: {"params": {"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, "num_samples": 200},
-    }
+    return _replies({
+        0: ({"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, 100),
+        1: ({"fc1.weight": t(1.5, 0.5), "fc2.weight": t(4.0 + 8.0)}, 300),
+        2: ({"fc1.weight": t(1.0, 1.0 + 3.0), "fc2.weight": t(-0.5)}, 200),
+    })
 
 
 def test_group_and_global_aggregation_literal():
     m = build_method("fedalp", {"t_pre": 2})
     server = _hier_server()
-    setup = _setup([100, 300, 200, 200])
+    sctx = _sctx()
     # W_new of group 0: fc1 = .5*(2,0) + .5*(1,1) = (1.5, .5); fc2 = 4.  Group 1: fc1 = (1,1); fc2 = .5*-2+.5*1 = -.5
-    assert torch.allclose(m.downlink(server, 0, setup)["fc1.weight"], t(1.5, 0.5))
-    assert torch.allclose(m.downlink(server, 2, setup)["fc2.weight"], t(-0.5))
+    assert torch.allclose(m.configure_train(server, 0, sctx).params()["fc1.weight"], t(1.5, 0.5))
+    assert torch.allclose(m.configure_train(server, 2, sctx).params()["fc2.weight"], t(-0.5))
     uploads = _three_uploads()
-    new = m.aggregate(server, uploads, setup)
+    new = m.aggregate_train(server, uploads, sctx)
     # group 0: w_0 + (100 * (4, 0 | 0) + 300 * (0, 0 | 8)) / 400 = (2 + 1, 0 | 4 + 6)
     assert torch.allclose(new["group_models"][0]["fc1.weight"], t(3.0, 0.0))
     assert torch.allclose(new["group_models"][0]["fc2.weight"], t(10.0))
@@ -116,9 +123,9 @@ def test_group_and_global_aggregation_literal():
 def test_group_update_mixed_start_variant():
     m = build_method("fedalp", {"t_pre": 2, "group_update": "mixed_start"})
     server = _hier_server()
-    setup = _setup([100, 300, 200, 200])
-    uploads = {0: {"params": {"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, "num_samples": 100}}
-    new = m.aggregate(server, uploads, setup)
+    sctx = _sctx()
+    uploads = _replies({0: ({"fc1.weight": t(1.5 + 4.0, 0.5), "fc2.weight": t(4.0)}, 100)})
+    new = m.aggregate_train(server, uploads, sctx)
     # group 0 becomes W_new + update = the trained model of its only participant
     assert torch.allclose(new["group_models"][0]["fc1.weight"], t(5.5, 0.5))
     assert torch.allclose(new["group_models"][1]["fc1.weight"], t(0.0, 2.0))  # untouched
@@ -128,9 +135,9 @@ def test_group_step_with_federation_gammas():
     """step_weights = "federation": line 10 with gamma_k = n_k / (all K clients' data), as in line 11."""
     m = build_method("fedalp", {"t_pre": 2, "step_weights": "federation"})
     server = _hier_server()
-    setup = _setup([100, 300, 200, 200])  # 800 samples in the federation
+    sctx = _sctx()  # 800 samples in the federation
     uploads = _three_uploads()
-    new = m.aggregate(server, uploads, setup)
+    new = m.aggregate_train(server, uploads, sctx)
     # group 0: w_0 + 100/800 * (4, 0 | 0) + 300/800 * (0, 0 | 8) = (2.5, 0 | 7)
     assert torch.allclose(new["group_models"][0]["fc1.weight"], t(2.5, 0.0))
     assert torch.allclose(new["group_models"][0]["fc2.weight"], t(7.0))
@@ -149,10 +156,10 @@ def test_unclustered_client_joins_nearest_group():
     server = _hier_server()
     server["groups"] = [0, 0, 1, -1]  # client 3 was never sampled before T_pre
     server["last_update"] = {0: t(1.0, 0.0, 0.0), 1: t(2.0, 0.0, 0.0), 2: t(0.0, 1.0, 1.0)}
-    setup = _setup([100, 300, 200, 200])
-    assert torch.equal(m.downlink(server, 3, setup)["fc1.weight"], server["global"]["fc1.weight"])
-    up = {3: {"params": {"fc1.weight": t(1.0, 1.5), "fc2.weight": t(1.5)}, "num_samples": 200}}  # dw = (0, .5, .5)
-    new = m.aggregate(server, up, setup)
+    sctx = _sctx()
+    assert torch.equal(m.configure_train(server, 3, sctx).params()["fc1.weight"], server["global"]["fc1.weight"])
+    up = _replies({3: ({"fc1.weight": t(1.0, 1.5), "fc2.weight": t(1.5)}, 200)})  # dw = (0, .5, .5)
+    new = m.aggregate_train(server, up, sctx)
     assert new["groups"][3] == 1
 
 
@@ -290,5 +297,5 @@ def test_options_validated():
     with pytest.raises(ConfigError, match="similarity"):
         build_method("fedalp", {"similarity": "euclid"})
     m = build_method("fedalp", {"t_pre_fraction": 0.4})
-    assert m.t_pre(_setup([1, 1], rounds=50)) == 20
-    assert build_method("fedalp", {"t_pre": 7}).t_pre(_setup([1, 1], rounds=50)) == 7
+    assert m.t_pre(_sctx(2, rounds=50).run) == 20
+    assert build_method("fedalp", {"t_pre": 7}).t_pre(_sctx(2, rounds=50).run) == 7

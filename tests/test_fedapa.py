@@ -21,7 +21,8 @@ from fedblend.algorithms.fedapa import (
 from fedblend.algorithms.registry import build_method
 from fedblend.common.options import ConfigError
 from fedblend.common.params import num_bytes
-from tests.helpers import tiny_sim
+from fedblend.core.message import Message
+from tests.helpers import run_client, tiny_sim, train_message
 
 RAW = FedAPAOptions(clip=False, self_weight=False, normalize=False)  # the bare Eq. 7 step
 
@@ -91,8 +92,8 @@ def test_postprocessing_steps_and_ablation_switches(opts, expected):
     m = FedAPA(FedAPAOptions(eta=0.5, **opts))
     server = {"weights": torch.eye(2, dtype=torch.float64), "thetas": {"w": torch.tensor([[1.0], [3.0]])},
               "snapshots": {}}
-    new = m.aggregate(server, {0: {"params": {"w": torch.tensor([2.0])}, "num_samples": 5}},
-                      SimpleNamespace(rnd=0))
+    new = m.aggregate_train(server, {0: Message({"params": {"w": torch.tensor([2.0])}}, {"num_samples": 5})},
+                            SimpleNamespace(rnd=0))
     assert torch.allclose(new["weights"][0], torch.tensor(expected, dtype=torch.float64))
     assert torch.equal(new["weights"][1], torch.tensor([0.0, 1.0], dtype=torch.float64))  # did not join
     assert torch.equal(new["thetas"]["w"], torch.tensor([[2.0], [3.0]]))  # upload stored, other kept
@@ -103,7 +104,8 @@ def test_postprocessing_steps_and_ablation_switches(opts, expected):
 def test_unnormalisable_row_falls_back_to_self():
     m = FedAPA(FedAPAOptions(eta=0.5, mu=0.0, sign="eq7-literal"))  # (0.5, 0) -> a_00 = 0 -> sum 0
     server = {"weights": torch.eye(2, dtype=torch.float64), "thetas": {"w": torch.tensor([[1.0], [3.0]])}}
-    new = m.aggregate(server, {0: {"params": {"w": torch.tensor([2.0])}, "num_samples": 5}}, SimpleNamespace(rnd=5))
+    new = m.aggregate_train(server, {0: Message({"params": {"w": torch.tensor([2.0])}}, {"num_samples": 5})},
+                            SimpleNamespace(rnd=5))
     assert torch.equal(new["weights"][0], torch.tensor([1.0, 0.0], dtype=torch.float64))
 
 
@@ -143,24 +145,24 @@ def test_options_are_validated():
 def test_init_identity_and_common_initial_model(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedapa")
     assert torch.equal(sim.server["weights"], torch.eye(4, dtype=torch.float64))
-    body = sim.setup.model.body_names()
+    body = sim.model.body_names()
     assert sorted(sim.server["thetas"]) == sorted(body)
     for cid in range(4):
-        pay = sim.method.downlink(sim.server, cid, sim.setup)
-        assert all(torch.equal(pay[n], sim.setup.init_params[n]) for n in body)
+        pay = train_message(sim, cid).params()
+        assert all(torch.equal(pay[n], sim.run_info.init_params[n]) for n in body)
 
 
 def _recording(sim):
-    """Wrap the method's downlink to record payloads and the server state each one was built from."""
+    """Wrap the server half's training message to record payloads and the server state each was built from."""
     calls = []
-    orig = sim.method.downlink
+    orig = sim.method.configure_train
 
-    def downlink(server, cid, setup):
-        pay = orig(server, cid, setup)
-        calls.append((cid, {k: v.clone() for k, v in server["thetas"].items()}, pay))
-        return pay
+    def configure_train(server, cid, sctx):
+        msg = orig(server, cid, sctx)
+        calls.append((cid, {k: v.clone() for k, v in server["thetas"].items()}, msg.params()))
+        return msg
 
-    sim.method.downlink = downlink
+    sim.method.configure_train = configure_train
     return calls
 
 
@@ -169,19 +171,19 @@ def test_head_never_leaves_the_client(tiny_fed, share):
     sim = tiny_sim(tiny_fed, "fedapa", {"share": share}, rounds=2)
     calls = _recording(sim)
     sim.run()
-    model = sim.setup.model
-    shared = model.body_names() if share == "body" else list(sim.setup.init_params)
+    model, init = sim.model, sim.run_info.init_params
+    shared = model.body_names() if share == "body" else list(init)
     assert all(sorted(pay) == sorted(shared) for _, _, pay in calls)
     assert sorted(sim.server["thetas"]) == sorted(shared)
     for m in sim.history:
-        assert m["bytes_down"] == [num_bytes({n: sim.setup.init_params[n] for n in shared})] * len(m["selected"])
+        assert m["bytes_down"] == [num_bytes({n: init[n] for n in shared})] * len(m["selected"])
         assert m["bytes_up"] == m["bytes_down"]
     cstate = sim.store.get(0)
-    up, _ = sim.method.client_update(sim.method.downlink(sim.server, 0, sim.setup), cstate, sim.ctx(0, 5))
-    assert sorted(up["params"]) == sorted(shared)
+    up = run_client(sim, 0, train_message(sim, 0), rnd=5).reply
+    assert sorted(up.params()) == sorted(shared)
     head = model.head_names()
     if share == "body":  # the private head was trained and is kept in the client state only
-        assert not any(torch.equal(cstate["params"][n], sim.setup.init_params[n]) for n in head)
+        assert not any(torch.equal(cstate["params"][n], init[n]) for n in head)
         assert not set(head) & set(sim.server["thetas"])
 
 
@@ -211,7 +213,7 @@ def test_sequential_server_later_clients_see_earlier_uploads(tiny_fed):
         sim.run_round()
         first = calls[0][0]
         seen = calls[1][1]  # stored thetas when the second client's payload was made
-        changed = any(not torch.equal(seen[n][first], sim.setup.init_params[n]) for n in seen)
+        changed = any(not torch.equal(seen[n][first], sim.run_info.init_params[n]) for n in seen)
         assert changed is sequential
 
 

@@ -4,8 +4,9 @@ from torch import nn
 from fedblend.algorithms import build_method
 from fedblend.algorithms.fedprox import proximal_term
 from fedblend.common.params import weighted_average
+from fedblend.core.message import Message
 from fedblend.core.training import TrainConfig, sgd_train
-from tests.helpers import tiny_sim
+from tests.helpers import eval_message, run_client, tiny_sim, train_message
 
 
 def test_weighted_average_by_hand():
@@ -19,18 +20,22 @@ def test_weighted_average_by_hand():
 def test_fedavg_aggregate_equals_hand_computed(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedavg")
     m = sim.method
-    ups = {0: {"params": {k: torch.full_like(v, 1.0) for k, v in sim.server["global"].items()}, "num_samples": 10},
-           2: {"params": {k: torch.full_like(v, 4.0) for k, v in sim.server["global"].items()}, "num_samples": 20}}
-    new = m.aggregate(sim.server, ups, sim.setup)
+    ups = {0: Message({"params": {k: torch.full_like(v, 1.0) for k, v in sim.server["global"].items()}},
+                      {"num_samples": 10}),
+           2: Message({"params": {k: torch.full_like(v, 4.0) for k, v in sim.server["global"].items()}},
+                      {"num_samples": 20})}
+    new = m.aggregate("train", sim.server, ups, sim.sctx(0))
     for v in new["global"].values():
         assert torch.allclose(v, torch.full_like(v, (10 * 1 + 20 * 4) / 30))
 
 
 def test_round_global_is_weighted_mean_of_client_models(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1)
+    replies = [run_client(sim, c, train_message(sim, c)).reply for c in range(4)]  # what round 1's clients send
     sim.run_round()
-    states = [sim.store.get(c)["params"] for c in range(4)]
-    n = [c.num_train for c in tiny_fed.clients]
+    states = [r.params() for r in replies]
+    n = [r.metrics["num_samples"] for r in replies]
+    assert n == [c.num_train for c in tiny_fed.clients]
     for k, v in sim.server["global"].items():
         expect = sum(s[k] * w for s, w in zip(states, n)) / sum(n)
         assert torch.allclose(v, expect, atol=1e-6)
@@ -70,7 +75,7 @@ def test_sgd_train_trainable_subset_freezes_the_rest():
 def test_fedprox_proximal_gradient():
     anchor = {"w": torch.tensor([1.0, -1.0])}
     w = torch.tensor([3.0, 0.0], requires_grad=True)
-    loss = proximal_term(anchor, mu=0.5)({"w": w})
+    loss = proximal_term(anchor, mu=0.5).fn({"w": w}, None)
     (g,) = torch.autograd.grad(loss, w)
     assert torch.allclose(loss, torch.tensor(0.25 * (4 + 1)))
     assert torch.allclose(g, 0.5 * (w.detach() - anchor["w"]))
@@ -109,9 +114,9 @@ def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
     """fedavg-ft+ala (ALA eval "trained"): evaluation fine-tunes the client's own model, not the global one."""
     sim = tiny_sim(tiny_fed, "fedavg-ft+ala", transforms={"ala": {"eval": "trained"}}, rounds=2)
     sim.run()
-    ctx = sim.ctx(0, 1, "eval")
-    got = sim.method.eval_params(sim.server, sim.store.get(0), ctx)
-    want = sgd_train(sim.setup.model, sim.store.get(0)["params"], ctx.data.train_x, ctx.data.train_y, sim.setup.train,
+    ctx = sim.client_ctx(0, 1, "evaluate")
+    got = sim.method.eval_params(eval_message(sim, 0, 1), sim.store.get(0), ctx)
+    want = sgd_train(sim.model, sim.store.get(0)["params"], ctx.data.train_x, ctx.data.train_y, sim.run_info.train,
                      ctx.tree.torch("finetune"), epochs=1).params
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert not torch.equal(got["fc2.weight"], sim.store.get(0)["params"]["fc2.weight"])  # fine-tuning ran
@@ -121,7 +126,7 @@ def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
 def test_bytes_counted_per_client(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, join_ratio=0.5)
     m = sim.run_round()
-    size = sum(v.numel() * 4 for v in sim.setup.init_params.values())
+    size = sum(v.numel() * 4 for v in sim.run_info.init_params.values())
     assert len(m["selected"]) == 2 and m["bytes_down"] == [size, size] and m["bytes_up"] == [size, size]
 
 

@@ -8,6 +8,9 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     rounds = 50
     seed = 0
     checkpoint_every = 10      # rounds between checkpoints (0 = never)
+    device = "cpu"             # "cpu", "cuda" or "auto" (cuda when available)
+    backend = "sequential"     # how client halves run: "sequential" or "processes" (worker processes)
+    workers = 2                # worker processes of the "processes" backend
     [partition] ...            # fedblend.data.federated.PartitionSpec
     [train] ...                # fedblend.core.training.TrainConfig
     [sampling] ...             # fedblend.core.sampling.SamplingConfig
@@ -43,7 +46,9 @@ else:  # pragma: no cover
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol}
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
-           "name": str}
+           "name": str, "device": str, "backend": str, "workers": int}
+DEVICES = ("cpu", "cuda", "auto")
+BACKEND_NAMES = ("sequential", "processes")
 
 
 @dataclass
@@ -55,6 +60,9 @@ class RunConfig:
     seed: int = 0
     checkpoint_every: int = 10
     name: str = ""
+    device: str = "cpu"
+    backend: str = "sequential"
+    workers: int = 2
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -77,6 +85,16 @@ class RunConfig:
 
     def build_method(self):
         return build_method(self.method, self.options, self.transforms)
+
+    def resolved_device(self) -> str:
+        """``device`` with ``"auto"`` resolved (cuda when available); ``"cuda"`` without a GPU is an error."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device = 'cuda' but PyTorch sees no CUDA device; use 'cpu' or 'auto'")
+        return self.device
 
 
 def parse_value(text: str) -> Any:
@@ -123,6 +141,12 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"dataset must be one of {sorted(DATASETS) + ['synthetic']}, got {kwargs['dataset']!r}")
     if kwargs.get("model", "lenet5") not in MODELS:
         raise ConfigError(f"model must be one of {sorted(MODELS)}, got {kwargs['model']!r}")
+    if kwargs.get("device", "cpu") not in DEVICES:
+        raise ConfigError(f"device must be one of {list(DEVICES)}, got {kwargs['device']!r}")
+    if kwargs.get("backend", "sequential") not in BACKEND_NAMES:
+        raise ConfigError(f"backend must be one of {list(BACKEND_NAMES)}, got {kwargs['backend']!r}")
+    if kwargs.get("workers", 2) < 1:
+        raise ConfigError(f"workers must be >= 1, got {kwargs['workers']}")
     if kwargs.get("rounds", 1) < 1:
         raise ConfigError(f"rounds must be >= 1, got {kwargs['rounds']}")
     for name, cls in TABLES.items():

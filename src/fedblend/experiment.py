@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedblend.config import RunConfig, dump_toml
+from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME
 from fedblend.core.engine import Simulation
 from fedblend.data.federated import FederatedData, build_federated, load_partition
@@ -93,7 +94,8 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
     fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved)
     method = cfg.build_method()
-    sim = Simulation.create(method, fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling, cfg.eval)
+    sim = Simulation.create(method, fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling, cfg.eval,
+                            backend=make_backend(cfg.backend, cfg.workers), device=cfg.resolved_device())
     if resume:
         sim.restore(ck_path)
     else:
@@ -117,7 +119,8 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     if resume:  # metrics.jsonl must end at the checkpoint's round
         _rewrite_metrics(out, sim.history)
     try:
-        sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every)
+        with sim:
+            sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every)
     except _Stop:
         return {"stopped_at": sim.next_round}
     summary = summarize(cfg, sim, time.perf_counter() - t0)

@@ -24,8 +24,9 @@ top layers of the global and local models are equal (the first round: Theta^0 = 
 move and theta_hat equals the received model.
 
 In the :class:`~fedblend.core.method.Method` template, "local" is ``cstate["params"]`` (the client's model after
-its last local training) and "global" is what ``client_init`` made from the payload, so ALA composes with every
-method that keeps the template (``fedavg+ala``, ``fedprox+ala``, ...). See ``docs/methods/fedala.md``.
+its last local training; ALA declares ``needs_local_model`` so every host method keeps it) and "global" is what
+``client_init`` made from the received message, so ALA composes with every method that keeps the template
+(``fedavg+ala``, ``fedprox+ala``, ...) and runs entirely on the client. See ``docs/methods/fedala.md``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from torch.func import functional_call
 from fedblend.algorithms.registry import register_transform
 from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, ClientTransform, Method, State
+from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
 from fedblend.models.zoo import FedModel
 
 
@@ -190,6 +191,8 @@ class ALA(ClientTransform):
 
     name = "ala"
     options_cls = ALAOptions
+    needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
+    requires_global = True  # theta_global of Eq. 2: a global model to blend from
 
     def init_state(self) -> State:
         return {"weights": None, "initial_done": False, "history": []}
@@ -232,13 +235,14 @@ class ALA(ClientTransform):
         ctx.stats.update(stats)
         return hat, {**cstate, self.key: st}
 
-    def eval_params(self, method: Method, server: State, cstate: State, ctx: ClientCtx, params: Params) -> Params:
+    def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
         """``eval = "ala"``: the model this client would start its next round from (Alg. 1 returns these
-        theta_hat; PFLlib evaluates them), with W learned as in training but not kept, from the eval random
-        streams. ``"stored"``: Eq. 4 with the stored W. ``"trained"``: the method's own ``params``."""
+        theta_hat; PFLlib evaluates them), from the evaluation message (what the client would receive now), with W
+        learned as in training but not kept, from the eval random streams. ``"stored"``: Eq. 4 with the stored W.
+        ``"trained"``: the client's model after its last local training."""
         if self.opts.eval == "trained":
-            return params
-        glob = method.client_init(method.downlink(server, ctx.cid, ctx.setup), cstate, ctx)
+            return cstate["params"]
+        glob = method.client_init(msg, cstate, ctx)
         st = cstate.get(self.key) or self.init_state()
         if self.opts.eval == "stored":
             return blend(cstate["params"], glob, st["weights"] or {})
@@ -252,5 +256,5 @@ class ALA(ClientTransform):
         if self.opts.eval == "stored":
             return ("Eq. 4 of FedALA with the client's stored ALA weights, from the aggregated global model and the "
                     "client's model after its last local training (no weight learning at evaluation)")
-        return ("the method's own personalized model; with FedAvg / FedProx: each client's model after its last "
-                "local training, which started from the ALA-initialised model")
+        return ("each client's model after its last local training, which started from the ALA-initialised "
+                "model")

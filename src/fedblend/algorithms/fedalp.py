@@ -43,7 +43,7 @@ from fedblend.algorithms import clustering
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, clone, layer_of, weighted_average
-from fedblend.core.method import ClientCtx, Method, Setup, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,9 @@ class FedALP(Method):
     paper = "Xie et al., FedALP: An Adaptive Layer-Based Approach for Improved Personalized Federated Learning, 2022"
     eval_model = ("the client's group model mixed layer-wise with the latest global model (Eq. 9, what the group "
                   "server broadcasts); the global model before clustering")
+    #: a FedALP client always trains the W_new it receives; it keeps a model only when a transform (e.g. ALA in
+    #: "fedalp+ala") blends W_new with the client's previous model
+    client_keeps_model = False
 
     def __init__(self, options=None, transforms=None):
         super().__init__(options, transforms)
@@ -149,9 +152,9 @@ class FedALP(Method):
             self.eval_model = "the client's group model w_m (the global model before clustering)"
 
     # ------------------------------------------------------------------------------------ helpers
-    def t_pre(self, setup: Setup) -> int:
+    def t_pre(self, run: RunInfo) -> int:
         """Warm-up length: ``t_pre`` rounds, or ``max(1, round(t_pre_fraction * T))``."""
-        return self.opts.t_pre if self.opts.t_pre > 0 else max(1, int(round(self.opts.t_pre_fraction * setup.rounds)))
+        return self.opts.t_pre if self.opts.t_pre > 0 else max(1, int(round(self.opts.t_pre_fraction * run.rounds)))
 
     def start_model(self, server: State, cid: int) -> Params:
         """The model client ``cid`` trains from: ``W_new`` of its group, or the global model when unassigned."""
@@ -161,12 +164,13 @@ class FedALP(Method):
         m = groups[cid]
         return mix_by_layer(server["group_models"][m], server["global"], server["psi"][m], self.opts.layer_unit)
 
-    def cluster(self, server: State, setup: Setup, rnd: int) -> State:
+    def cluster(self, server: State, run: RunInfo, rnd: int) -> State:
         """Algorithm 2 on the clients' latest updates; returns the server with groups, Psi and group models."""
         opts = self.opts
         last: dict[int, torch.Tensor] = server["last_update"]
         cids = sorted(last)
-        groups = [-1] * setup.num_clients
+        groups = [-1] * run.num_clients
+        sizes = server["num_samples"]
         like = server["global"]
         if not cids:
             return server
@@ -182,7 +186,7 @@ class FedALP(Method):
         psi, deltas, shares = [], [], []
         for m in range(m_eff):
             members = [c for c in cids if groups[c] == m]
-            w = np.array([setup.num_samples[c] for c in members], dtype=np.float64)
+            w = np.array([sizes[c] for c in members], dtype=np.float64)
             d_m = (torch.from_numpy(w / w.sum()).view(-1, 1) * torch.stack([last[c] for c in members]).double()).sum(0)
             upd = _unflat(d_m, {k: v.double() for k, v in like.items()})
             psi.append(layer_weights(upd, opts.beta, opts.layer_unit))
@@ -196,7 +200,7 @@ class FedALP(Method):
             for m in range(m_eff):
                 members = [c for c in cids if groups[c] == m]
                 prev = [server["group_models"][old_groups[c]] if old_groups[c] >= 0 else like for c in members]
-                models.append(weighted_average(prev, [setup.num_samples[c] for c in members]))
+                models.append(weighted_average(prev, [sizes[c] for c in members]))
         record = {"round": rnd + 1, "clients": cids, "labels": [int(x) for x in labels],
                   "rho": torch.from_numpy(rho).float(), "linkage": torch.from_numpy(z),
                   "leaf_order": clustering.leaf_order(z).tolist(), "psi": psi, "delta_rel": deltas,
@@ -206,64 +210,78 @@ class FedALP(Method):
                 "clusterings": list(server.get("clusterings", [])) + [record]}
 
     # ------------------------------------------------------------------------------------ server
-    def init_server(self, setup: Setup) -> State:
-        return {"global": clone(setup.init_params), "groups": None, "last_update": {}, "clusterings": []}
+    def init_server(self, sctx: ServerCtx) -> State:
+        """``num_samples``: the data sizes clients reported with their uploads (the server knows no others)."""
+        return {"global": clone(sctx.run.init_params), "groups": None, "last_update": {}, "clusterings": [],
+                "num_samples": {}}
 
-    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
-        return self.start_model(server, cid)
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        return Message({"params": self.start_model(server, cid)})
 
-    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
-        rnd, t_pre = setup.rnd, self.t_pre(setup)
-        cids = sorted(uploads)
+    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """The client's ``W_new`` (``"params"``), the global model, and with ``local_model = "group"`` the raw
+        group model ``w_m`` (``"personal"``)."""
+        msg = Message({"params": self.start_model(server, cid), "global": server["global"]})
+        groups = server.get("groups")
+        if self.opts.local_model == "group" and groups is not None and groups[cid] >= 0:
+            msg.arrays["personal"] = server["group_models"][groups[cid]]
+        return msg
+
+    def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        rnd, t_pre = sctx.rnd, self.t_pre(sctx.run)
+        cids = sorted(replies)
+        uploads = {c: replies[c].params() for c in cids}
+        sizes = {c: replies[c].metrics["num_samples"] for c in cids}
         starts = {c: self.start_model(server, c) for c in cids}
-        updates = {c: {n: uploads[c]["params"][n] - starts[c][n] for n in starts[c]} for c in cids}
+        updates = {c: {n: uploads[c][n] - starts[c][n] for n in starts[c]} for c in cids}
         last = dict(server["last_update"])
         for c in cids:
             last[c] = _flat(updates[c])
-        server = {**server, "last_update": last}
+        server = {**server, "last_update": last, "num_samples": {**server["num_samples"], **sizes}}
         if server["groups"] is None:  # warm-up: FedAvg (Algorithm 1 line 1)
-            avg = weighted_average([uploads[c]["params"] for c in cids], [uploads[c]["num_samples"] for c in cids])
+            avg = weighted_average([uploads[c] for c in cids], [sizes[c] for c in cids])
             server = {**server, "global": {**server["global"], **avg}}
             if rnd + 1 == t_pre:
-                server = self.cluster(server, setup, rnd)
+                server = self.cluster(server, sctx.run, rnd)
             return server
-        return self.hierarchical_step(server, uploads, updates, setup)
+        return self.hierarchical_step(server, uploads, sizes, updates, sctx)
 
-    def hierarchical_step(self, server: State, uploads: Mapping[int, State], updates: Mapping[int, Params],
-                          setup: Setup) -> State:
+    def hierarchical_step(self, server: State, uploads: Mapping[int, Params], sizes: Mapping[int, int],
+                          updates: Mapping[int, Params], sctx: ServerCtx) -> State:
         """Algorithm 1 lines 5-11 for the clients that joined this round."""
-        opts, rnd, t_pre = self.opts, setup.rnd, self.t_pre(setup)
+        opts, rnd, t_pre, run = self.opts, sctx.rnd, self.t_pre(sctx.run), sctx.run
+        known = server["num_samples"]
         groups = list(server["groups"])
         models = list(server["group_models"])
         num_groups = len(models)
         # clients never clustered (not sampled before T_pre) join the group whose mean update is closest
         for c in sorted(uploads):
             if groups[c] < 0:
-                groups[c] = self._nearest_group(server, groups, _flat(updates[c]), setup)
+                groups[c] = self._nearest_group(server, groups, _flat(updates[c]), run)
         for m in range(num_groups):
             members = [c for c in sorted(uploads) if groups[c] == m]
             if not members:
                 continue
-            step = weighted_average([updates[c] for c in members], [uploads[c]["num_samples"] for c in members])
+            step = weighted_average([updates[c] for c in members], [sizes[c] for c in members])
             if opts.step_weights == "federation":
-                scale = sum(uploads[c]["num_samples"] for c in members) / float(sum(setup.num_samples))
+                scale = sum(sizes[c] for c in members) / float(sum(known.values()))
                 step = {n: scale * v for n, v in step.items()}
             base = models[m] if opts.group_update == "literal" else mix_by_layer(
                 models[m], server["global"], server["psi"][m], opts.layer_unit)
             models[m] = {n: base[n] + step[n] for n in base}
-        pool = range(setup.num_clients) if opts.global_weights == "members" else sorted(uploads)
-        shares = [float(sum(setup.num_samples[c] for c in pool if groups[c] == m)) for m in range(num_groups)]
+        pool = sorted(known) if opts.global_weights == "members" else sorted(uploads)
+        shares = [float(sum(known[c] for c in pool if groups[c] == m)) for m in range(num_groups)]
         server = {**server, "groups": groups, "group_models": models,
                   "global": global_from_groups(models, shares)}
         if opts.recluster_every > 0 and (rnd + 1 - t_pre) % opts.recluster_every == 0:
-            server = self.cluster(server, setup, rnd)
+            server = self.cluster(server, run, rnd)
         return server
 
-    def _nearest_group(self, server: State, groups: list[int], update: torch.Tensor, setup: Setup) -> int:
+    def _nearest_group(self, server: State, groups: list[int], update: torch.Tensor, run: RunInfo) -> int:
         last = server["last_update"]
         best, best_sim = 0, -2.0
         for m in range(len(server["group_models"])):
-            members = [c for c in range(setup.num_clients) if groups[c] == m and c in last]
+            members = [c for c in range(run.num_clients) if groups[c] == m and c in last]
             if not members:
                 continue
             centre = torch.stack([last[c] for c in members]).double().mean(0)
@@ -272,29 +290,11 @@ class FedALP(Method):
                 best, best_sim = m, sim
         return best
 
-    # ------------------------------------------------------------------------------------ client
-    def init_client(self, cid: int, setup: Setup) -> State:
-        # A FedALP client keeps no model between rounds (it always trains the W_new it receives), unless a client
-        # transform (e.g. ALA in "fedalp+ala") blends W_new with the client's previous model.
-        return super().init_client(cid, setup) if self.transforms else {}
-
-    def client_init(self, payload: Params, cstate: State, ctx: ClientCtx) -> Params:
-        return dict(payload)
-
-    def client_update(self, payload: Params, cstate: State, ctx: ClientCtx) -> tuple[State, State]:
-        upload, cstate = super().client_update(payload, cstate, ctx)
-        if self.transforms:
-            return upload, cstate
-        return upload, {k: v for k, v in cstate.items() if k != "params"}
-
     # ------------------------------------------------------------------------------------ evaluation
-    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        groups = server.get("groups")
-        if groups is None or groups[ctx.cid] < 0:
-            return server["global"]
-        if self.opts.local_model == "group":
-            return server["group_models"][groups[ctx.cid]]
-        return self.start_model(server, ctx.cid)
+    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """``W_new`` of the client's group (or the raw group model ``w_m`` with ``local_model = "group"``); the
+        global model before clustering (both arrive in the evaluation message)."""
+        return msg.arrays.get("personal") or msg.params()
 
 
 # --------------------------------------------------------------------------------------------- diagnostics

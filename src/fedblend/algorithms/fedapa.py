@@ -46,7 +46,7 @@ import torch
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import ConfigError
 from fedblend.common.params import Params
-from fedblend.core.method import Method, Setup, State
+from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 
 
 @dataclass(frozen=True)
@@ -179,22 +179,21 @@ class FedAPA(Method):
     def sequential_server(self) -> bool:
         return self.opts.sequential
 
-    def shared_names(self, setup: Setup) -> list[str]:
-        return setup.model.body_names() if self.opts.share == "body" else list(setup.init_params)
+    def shared_names(self, run: RunInfo) -> list[str]:
+        return run.model.body_names() if self.opts.share == "body" else list(run.init_params)
 
     # ------------------------------------------------------------------------------------------ server
-    def init_server(self, setup: Setup) -> State:
+    def init_server(self, sctx: ServerCtx) -> State:
         """Alg. 1 lines 1-2: every stored theta_j is the common initial model; ``a_ii = 1``, ``a_ij = 0`` (Sec. 3.2)."""
-        m = setup.num_clients
-        names = self.shared_names(setup)
+        m, init = sctx.run.num_clients, sctx.run.init_params
+        names = self.shared_names(sctx.run)
         server: State = {
-            "weights": torch.eye(m, dtype=torch.float64),
-            "thetas": {n: setup.init_params[n].detach().unsqueeze(0).repeat((m,) + (1,) * setup.init_params[n].dim())
-                       for n in names},
+            "weights": torch.eye(m, dtype=torch.float64, device=init[names[0]].device),
+            "thetas": {n: init[n].detach().unsqueeze(0).repeat((m,) + (1,) * init[n].dim()) for n in names},
             "snapshots": {},
         }
         if self.opts.server_momentum > 0:
-            server["momentum"] = torch.zeros(m, m, dtype=torch.float64)
+            server["momentum"] = torch.zeros_like(server["weights"])
         return server
 
     def row_used(self, server: State, cid: int) -> torch.Tensor:
@@ -203,33 +202,38 @@ class FedAPA(Method):
         row = server["weights"][cid]
         return prepare_row(row, cid, self.opts) if self.opts.momentum_scope == "matrix" else row
 
-    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """Alg. 1 line 7 / Eq. 5: the personalized shared parameters for client ``cid``."""
-        return aggregate_row(self.row_used(server, cid), server["thetas"])
+        return Message({"params": aggregate_row(self.row_used(server, cid), server["thetas"])})
 
-    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
+    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Nothing: a client evaluates its own current model (Sec. 5.2)."""
+        return Message()
+
+    def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Alg. 1 lines 9-13 for every uploading client; then store the uploads (theta_j of later rounds).
 
         All gradients use the stored parameters and rows from which the round's downlinks were built.
         """
         thetas = server["thetas"]
         stack = stack_flat(thetas)
+        uploads = {cid: r.params() for cid, r in replies.items()}
         used = {cid: self.row_used(server, cid) for cid in uploads}
         grads = {}
         for cid, up in uploads.items():
-            flat = torch.cat([up["params"][n].reshape(-1).to(torch.float64) for n in thetas])
+            flat = torch.cat([up[n].reshape(-1).to(torch.float64) for n in thetas])
             grads[cid] = weight_gradient(used[cid], stack, flat)
         weights, momentum = update_rows(server["weights"], server.get("momentum"), grads, used, self.opts)
         new_thetas = {}
         for n, t in thetas.items():
             t = t.clone()
             for cid, up in uploads.items():
-                t[cid] = up["params"][n].detach()
+                t[cid] = up[n].detach()
             new_thetas[n] = t
         out = {**server, "weights": weights, "thetas": new_thetas}
         if momentum is not None:
             out["momentum"] = momentum
-        rnd = setup.rnd + 1
+        rnd = sctx.rnd + 1
         if rnd in self.opts.heatmap_rounds:
             out["snapshots"] = {**server.get("snapshots", {}), rnd: self.effective_weights(out).float()}
         return out

@@ -1,13 +1,15 @@
 """FedAvg (McMahan et al. 2017): clients train the received global model; the server averages by data size.
 
-Evaluated as the papers' FedAvg rows are: the global model after aggregation, on each client's test data.
+Evaluated as the papers' FedAvg rows are: the global model after aggregation, on each client's test data. A
+FedAvg client starts every round from what it receives, so it keeps no model between rounds (a transform that
+needs the client's own model, such as ALA, makes it keep one).
 """
 
 from __future__ import annotations
 
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Method, State
+from fedblend.core.method import ClientCtx, Message, Method, State
 
 
 @register_method
@@ -15,8 +17,8 @@ class FedAvg(Method):
     name = "fedavg"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
     eval_model = "the global model after aggregation (what each client receives), on each client's test data"
+    client_keeps_model = False
 
-    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        if self.transforms:  # with a client transform the personalized model is the client's own
-            return cstate["params"]
-        return server["global"]
+    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """What the client would start its next round from: the received global model."""
+        return self.client_init(msg, cstate, ctx)

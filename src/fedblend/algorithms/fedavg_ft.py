@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, State
-from fedblend.core.training import sgd_train
+from fedblend.core.method import ClientCtx, Message, State, train_now
+from fedblend.core.training import TrainSpec
 
 
 @dataclass(frozen=True)
@@ -23,16 +23,12 @@ class FedAvgFT(FedAvg):
     name = "fedavg-ft"
     options_cls = FineTuneOptions
     paper = "FedALA paper (Zhang et al., AAAI 2023), baseline FedAvg-C"
-    eval_model = "the global model after aggregation, fine-tuned for ft_epochs on each client's training data"
 
-    def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        # with a client transform (e.g. "fedavg-ft+ala") the fine-tuning starts from the model the transform gives
-        start = super().eval_params(server, cstate, ctx)
-        res = sgd_train(ctx.model, start, ctx.data.train_x, ctx.data.train_y, ctx.train,
-                        ctx.tree.torch("finetune"), epochs=self.opts.ft_epochs)
-        return res.params
+    def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """Fine-tune the model FedAvg would evaluate (with a transform, e.g. "fedavg-ft+ala", the model the
+        transform gives) for ``ft_epochs`` on the client's training data, from the ``finetune`` stream."""
+        start = super().eval_params(msg, cstate, ctx)
+        return train_now(TrainSpec(params=start, epochs=self.opts.ft_epochs, stream="finetune"), ctx).params
 
     def describe_eval(self) -> str:
-        if not self.transforms:
-            return self.eval_model
         return f"{super().describe_eval()}; then fine-tuned for ft_epochs on each client's training data"

@@ -9,7 +9,8 @@ import torch
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, State
+from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.training import LossTerm
 
 
 @dataclass(frozen=True)
@@ -17,14 +18,14 @@ class FedProxOptions:
     mu: float = 0.01  # proximal coefficient (FedALA appendix: 0.001 on MNIST-like, tuned per dataset)
 
 
-def proximal_term(anchor: Params, mu: float):
-    """``mu/2 * sum ||w - anchor||^2`` as a closure over the parameters being trained (FedProx Eq. 2)."""
+def proximal_term(anchor: Params, mu: float) -> LossTerm:
+    """``mu/2 * sum ||w - anchor||^2`` over the anchor's tensors (FedProx Eq. 2), as a loss term."""
     frozen = {k: v.detach() for k, v in anchor.items()}
 
-    def loss(params: Params) -> torch.Tensor:
+    def loss(params: Params, batch) -> torch.Tensor:
         return 0.5 * mu * sum(((params[k] - v) ** 2).sum() for k, v in frozen.items())
 
-    return loss
+    return LossTerm(loss, name="proximal")
 
 
 @register_method
@@ -33,5 +34,6 @@ class FedProx(FedAvg):
     options_cls = FedProxOptions
     paper = "Li et al., Federated Optimization in Heterogeneous Networks (FedProx), MLSys 2020"
 
-    def extra_loss(self, payload: Params, params: Params, cstate: State, ctx: ClientCtx):
-        return proximal_term(payload, self.opts.mu) if self.opts.mu else None
+    def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
+        """The proximal pull to the received global model ``w^t`` (FedProx Eq. 2)."""
+        return (proximal_term(msg.params(), self.opts.mu),) if self.opts.mu else ()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params
-from fedblend.core.method import Method, Setup, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 
 
 @register_method
@@ -16,14 +15,14 @@ class Local(Method):
     eval_model = "each client's own model after its last local training"
     has_global = False
 
-    def init_server(self, setup: Setup) -> State:
+    def init_server(self, sctx: ServerCtx) -> State:
         return {}
 
-    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
-        return {}
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        return Message()
 
-    def upload(self, params, cstate, ctx) -> State:
-        return {}
+    def reply(self, params, cstate: State, ctx: ClientCtx) -> Message:
+        return Message()
 
-    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
+    def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         return server

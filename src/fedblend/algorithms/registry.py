@@ -49,8 +49,9 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
     cls = METHODS[base]
     transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
                   for p in parts]
-    if transforms and not cls.has_global:
-        raise ValueError(f"{spec!r}: {base} has no global model for {parts[0]} to blend from")
+    for t in transforms:
+        if t.requires_global and not cls.has_global:
+            raise ValueError(f"{spec!r}: {base} has no global model for {t.name} to blend from")
     return cls(make_options(cls.options_cls, options, "options"), transforms)
 
 

@@ -39,6 +39,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
+    run.add_argument("--backend", choices=["sequential", "processes"],
+                     help="how client halves run (config: backend); 'processes' = worker processes")
+    run.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
     rep = sub.add_parser("report", help="table (mean ± std over seeds) and accuracy curves of runs")
     rep.add_argument("runs", nargs="+", help="run directories or folders containing them")
     rep.add_argument("--out", help="write table.md, table.json and PNG curves here")
@@ -74,7 +78,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(report(args.runs, args.out, plots=not args.no_plots), end="")
         return 0
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    for flag in ("device", "backend", "workers"):
+        if getattr(args, flag, None) is not None:
+            overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
+    cfg = load_config(args.config, overrides)
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data

@@ -1,8 +1,10 @@
 """Checkpoints: the whole run state (round, server state, client store, metric history) on disk.
 
-Written atomically (temporary file then rename), so a run killed while saving keeps the previous checkpoint.
-Because every random stream is derived from (seed, round, client), resuming needs no RNG state and gives
-results identical to an uninterrupted run.
+The state is flattened by the one state codec (:mod:`fedblend.common.codec`) into named arrays and written with
+``torch.save``; loading uses ``weights_only=True`` (no code can run from a checkpoint file). Written atomically
+(temporary file then rename), so a run killed while saving keeps the previous checkpoint. Because every random
+stream is derived from (seed, round, client), resuming needs no RNG state and gives results identical to an
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -13,15 +15,20 @@ from typing import Any
 
 import torch
 
+from fedblend.common.codec import TREE, decode, encode
+
 FILENAME = "checkpoint.pt"
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     path = Path(path)
     tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
+    torch.save(encode(payload), tmp)
     os.replace(tmp, path)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    return torch.load(Path(path), map_location="cpu", weights_only=False)
+    arrays = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if not isinstance(arrays, dict) or TREE not in arrays:
+        raise ValueError(f"{path} is not a fedblend checkpoint (no state tree)")
+    return decode(arrays, "cpu")

@@ -1,13 +1,18 @@
-"""The round engine: the one loop every method runs in.
+"""The round engine: the one loop every method runs in (the in-process runtime of the method interface).
 
 Per round ``t`` (0-based internally, reported 1-based):
 
 1. sample the joining clients (:mod:`fedblend.core.sampling`);
-2. ``downlink`` each its payload, run ``client_update`` through the backend, store the new client states;
-3. ``aggregate`` the uploads on the server;
-4. every ``eval.every`` rounds (and at the last), evaluate every client's personalized model (``eval_params``)
-   and, if the method has one, the global model, on each client's test (or validation) data;
-5. record metrics (accuracy, loss, bytes down/up per client, seconds) and checkpoint every ``k`` rounds.
+2. for each phase of the round (``method.phases``, one ``"train"`` exchange by default): the server half
+   ``configure``s a message per joining client, the backend runs the client halves on them (each with its own
+   state, initialised on the client at first contact), the new client states are stored and the server half
+   ``aggregate``s the replies;
+3. every ``eval.every`` rounds (and at the last), every client evaluates its personalized model (and the global
+   model, if the method has one) from an evaluation message, through the backend as well;
+4. record metrics (accuracy, loss, bytes down/up per client, seconds) and checkpoint every ``k`` rounds.
+
+The engine holds the server state and the client-state store; only messages and each client's own state reach
+a client half, so the same method runs unchanged in worker processes or on Flower nodes.
 """
 
 from __future__ import annotations
@@ -18,88 +23,134 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from fedblend.common.codec import decode, encode
 from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
-from fedblend.core.evaluation import EvalProtocol, evaluate_params, summarise
-from fedblend.core.method import ClientCtx, Method, Setup, State, comm_bytes
+from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
+from fedblend.core.evaluation import EvalProtocol, summarise
+from fedblend.core.message import Message
+from fedblend.core.method import ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import ClientStore
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData
 from fedblend.models.zoo import build_model, model_params
 
+EVAL_CHUNK = 64  # evaluation messages built and run per batch of clients (bounds memory with many clients)
+
 
 @dataclass
 class Simulation:
-    """A run in progress: fixed setup, explicit mutable state (server, client store, history)."""
+    """A run in progress: the public run facts, explicit mutable state (server, client store, history)."""
 
     method: Method
     fed: FederatedData
-    setup: Setup
+    run_info: RunInfo
     sampling: SamplingConfig
     protocol: EvalProtocol
     server: State
     store: ClientStore
+    tree: SeedTree
     history: list[dict] = field(default_factory=list)
     next_round: int = 0
     backend: Any = field(default_factory=SequentialBackend)
+    _started: bool = False
 
     # ------------------------------------------------------------------------------------------- setup
     @classmethod
     def create(cls, method: Method, fed: FederatedData, model_name: str, train: TrainConfig, rounds: int,
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
-               backend: Any = None) -> Simulation:
+               backend: Any = None, device: str = "cpu") -> Simulation:
         tree = SeedTree(seed)
-        model = build_model(model_name, fed.info, tree.torch("model-init"))
+        model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
         model.requires_grad_(False)
-        setup = Setup(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
-                      num_samples=[c.num_train for c in fed.clients], rounds=rounds, tree=tree)
-        store = ClientStore(lambda cid: method.init_client(cid, setup))
-        return cls(method, fed, setup, sampling or SamplingConfig(), protocol or EvalProtocol(),
-                   method.init_server(setup), store, backend=backend or SequentialBackend())
+        run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
+                      rounds=rounds, seed=seed, device=str(device))
+        fed = fed.to(device)  # client data moved once, not per batch
+        sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {}, ClientStore(),
+                  tree, backend=backend or SequentialBackend())
+        sim.server = method.init_server(sim.sctx(0))
+        return sim
 
-    def ctx(self, cid: int, rnd: int, purpose: str = "train") -> ClientCtx:
-        return ClientCtx(cid, rnd, self.fed.clients[cid], self.setup,
-                         self.setup.tree.child(purpose, "round", rnd, "client", cid))
+    @property
+    def model(self):
+        return self.run_info.model
+
+    def sctx(self, rnd: int) -> ServerCtx:
+        return ServerCtx(self.run_info, rnd, self.tree.child("server", "round", rnd))
+
+    def client_runtime(self) -> ClientRuntime:
+        """An in-process runtime over every client (what the sequential backend runs; for tests and tools)."""
+        return ClientRuntime(self.method, self.run_info, dict(enumerate(self.fed.clients)), self.tree)
+
+    def client_ctx(self, cid: int, rnd: int, phase: str = "train") -> ClientCtx:
+        return self.client_runtime().ctx(cid, rnd, phase)
+
+    def client_state(self, cid: int) -> State:
+        """Client ``cid``'s stored state, or the state its client half starts from (not stored)."""
+        st = self.store.get(cid)
+        return st if st is not None else self.method.init_client(self.client_ctx(cid, self.next_round))
+
+    def _run_jobs(self, jobs: list[ClientJob]) -> list[ClientResult]:
+        if not self._started:
+            self.backend.start(self.method, self.run_info, dict(enumerate(self.fed.clients)), self.tree)
+            self._started = True
+        return self.backend.run(jobs)
+
+    def close(self) -> None:
+        """Stop the backend (worker processes); the simulation can be started again."""
+        if self._started:
+            self.backend.close()
+            self._started = False
+
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------- one round
     def run_round(self) -> dict:
         t = self.next_round
-        self.setup.rnd = t
+        sctx = self.sctx(t)
         t0 = time.perf_counter()
-        selected = sample_clients(self.sampling, self.fed.num_clients, t, self.setup.tree)
-        ctxs = {cid: self.ctx(cid, t) for cid in selected}
-        payloads, uploads = {}, {}
-        if self.method.sequential_server:
-            for cid in selected:
-                payloads[cid] = self.method.downlink(self.server, cid, self.setup)
-                uploads[cid], cstate = self._client_update(payloads[cid], self.store.get(cid), ctxs[cid])
-                self.store.put(cid, cstate)
-                self.server = self.method.aggregate(self.server, {cid: uploads[cid]}, self.setup)
-        else:
-            payloads = {cid: self.method.downlink(self.server, cid, self.setup) for cid in selected}
-            jobs = [(payloads[cid], self.store.get(cid), ctxs[cid]) for cid in selected]
-            results = self.backend.run(self._client_update, jobs)
-            for cid, (upload, cstate) in zip(selected, results):
-                self.store.put(cid, cstate)
-                uploads[cid] = upload
-            self.server = self.method.aggregate(self.server, uploads, self.setup)
+        selected = sample_clients(self.sampling, self.fed.num_clients, t, self.tree)
+        stats: dict[int, dict] = {cid: {} for cid in selected}
+        down = dict.fromkeys(selected, 0)
+        up = dict.fromkeys(selected, 0)
+
+        def exchange(phase: str, cids: list[int]) -> dict[int, Message]:
+            msgs = {cid: self.method.configure(phase, self.server, cid, sctx) for cid in cids}
+            results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
+            replies = {}
+            for cid, res in zip(cids, results):
+                self.store.put(cid, res.state)
+                stats[cid].update(res.stats)
+                down[cid] += msgs[cid].num_bytes
+                up[cid] += res.reply.num_bytes
+                replies[cid] = res.reply
+            return replies
+
+        for phase in self.method.phases(sctx):
+            if self.method.sequential_server:
+                for cid in selected:
+                    self.server = self.method.aggregate(phase, self.server, exchange(phase, [cid]), sctx)
+            else:
+                self.server = self.method.aggregate(phase, self.server, exchange(phase, selected), sctx)
         train_seconds = time.perf_counter() - t0
         metrics: dict[str, Any] = {
             "round": t + 1,
             "selected": selected,
-            "bytes_down": [comm_bytes(payloads[c]) for c in selected],
-            "bytes_up": [comm_bytes(uploads[c]) for c in selected],
-            "train_loss": _mean([ctxs[c].stats.get("train_loss") for c in selected]),
+            "bytes_down": [down[c] for c in selected],
+            "bytes_up": [up[c] for c in selected],
+            "train_loss": _mean([stats[c].get("train_loss") for c in selected]),
             "seconds": train_seconds,
         }
-        for key in sorted({k for c in selected for k in ctxs[c].stats} - {"train_loss"}):
-            metrics[key] = _mean([ctxs[c].stats.get(key) for c in selected])
-        metrics.update(_time_shares([ctxs[c].stats for c in selected]))
-        last = t + 1 == self.setup.rounds
+        for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"}):
+            metrics[key] = _mean([stats[c].get(key) for c in selected])
+        metrics.update(_time_shares([stats[c] for c in selected]))
+        last = t + 1 == self.run_info.rounds
         if (t + 1) % max(1, self.protocol.every) == 0 or last:
             e0 = time.perf_counter()
             metrics.update(self.evaluate(t))
@@ -108,29 +159,23 @@ class Simulation:
         self.next_round = t + 1
         return metrics
 
-    def _client_update(self, payload, cstate, ctx: ClientCtx):
-        """``method.client_update``, timed: ``client_seconds`` in the client's stats."""
-        t0 = time.perf_counter()
-        out = self.method.client_update(payload, cstate, ctx)
-        ctx.stats["client_seconds"] = time.perf_counter() - t0
-        return out
-
-    @torch.no_grad()
     def evaluate(self, t: int) -> dict:
-        """Personalized (and global) accuracy over all clients, per :class:`EvalProtocol`."""
-        split = self.protocol.split
+        """Personalized (and global) accuracy over all clients, per :class:`EvalProtocol`: each client evaluates
+        from the server's evaluation message and its own state; no state changes."""
+        sctx = self.sctx(t)
+        config = {"split": self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
-        gparams = self.method.global_params(self.server)
-        for cid in range(self.fed.num_clients):
-            data = self.fed.clients[cid]
-            x, y = (data.test_x, data.test_y) if split == "test" else (data.val_x, data.val_y)
-            with torch.enable_grad():  # methods may fine-tune or blend before evaluating
-                params = self.method.eval_params(self.server, self.store.get(cid), self.ctx(cid, t, "eval"))
-            res = evaluate_params(self.setup.model, params, x, y, self.protocol.batch_size)
-            personal.append(res)
-            if gparams is not None:
-                glob.append(res if params is gparams else
-                            evaluate_params(self.setup.model, gparams, x, y, self.protocol.batch_size))
+        for lo in range(0, self.fed.num_clients, EVAL_CHUNK):
+            jobs = []
+            for cid in range(lo, min(lo + EVAL_CHUNK, self.fed.num_clients)):
+                msg = self.method.configure_evaluate(self.server, cid, sctx)
+                msg.config.update(config)
+                jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))
+            for res in self._run_jobs(jobs):
+                m = res.reply.metrics
+                personal.append((m["correct"], m["loss"], m["n"]))
+                if "global_correct" in m:
+                    glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
         out = summarise(personal)
         if glob:
             out.update({f"global_{k}": v for k, v in summarise(glob).items()})
@@ -139,10 +184,10 @@ class Simulation:
     # ------------------------------------------------------------------------------------------- the loop
     def run(self, on_round: Callable[[dict], None] | None = None, checkpoint_dir: str | Path | None = None,
             checkpoint_every: int = 0, extra_state: dict | None = None) -> list[dict]:
-        while self.next_round < self.setup.rounds:
+        while self.next_round < self.run_info.rounds:
             metrics = self.run_round()
             if checkpoint_dir is not None and checkpoint_every > 0 and (
-                    self.next_round % checkpoint_every == 0 or self.next_round == self.setup.rounds):
+                    self.next_round % checkpoint_every == 0 or self.next_round == self.run_info.rounds):
                 self.save(Path(checkpoint_dir) / FILENAME, extra_state)
             if on_round is not None:
                 on_round(metrics)
@@ -151,15 +196,22 @@ class Simulation:
     def save(self, path: str | Path, extra: dict | None = None) -> None:
         save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": self.store.states,
                                "history": self.history, "extra": extra or {},
-                               "train": asdict(self.setup.train)})
+                               "train": asdict(self.run_info.train)})
 
     def restore(self, path: str | Path) -> dict:
         ck = load_checkpoint(path)
+        if self.run_info.device != "cpu":
+            ck = decode_to(ck, self.run_info.device)
         self.next_round = ck["next_round"]
         self.server = ck["server"]
-        self.store.states = ck["clients"]
+        self.store.states = dict(ck["clients"])
         self.history = ck["history"]
         return ck.get("extra", {})
+
+
+def decode_to(obj: Any, device: str) -> Any:
+    """Every tensor of a state moved to ``device``."""
+    return decode(encode(obj), device)
 
 
 def _time_shares(stats: list[dict]) -> dict[str, float]:
@@ -176,3 +228,4 @@ def _time_shares(stats: list[dict]) -> dict[str, float]:
 def _mean(values: list) -> float:
     vals = [float(v) for v in values if v is not None]
     return sum(vals) / len(vals) if vals else float("nan")
+

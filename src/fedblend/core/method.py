@@ -1,29 +1,46 @@
-"""The method interface, implemented by :mod:`fedblend.algorithms`.
+"""The method interface: a server half and a client half that talk only in :class:`~fedblend.core.message.Message`s.
 
-A method is a few functions over explicit state (fedjax ``FederatedAlgorithm`` style).
+A method (``fedblend.algorithms``) implements both halves over explicit state; a runtime -- the in-process
+simulator (:mod:`fedblend.core.engine`) with any backend, or worker processes -- carries the messages:
 
-The engine (:mod:`fedblend.core.engine`) owns the one round loop and calls, per round::
+Server half (sees its state, the messages it received and a :class:`ServerCtx`: round, its random streams,
+the public run facts)::
 
-    payload          = method.downlink(server, cid, setup)            # for each selected client
-    upload, cstate   = method.client_update(payload, cstate, ctx)     # on the client (any backend)
-    server           = method.aggregate(server, uploads, setup)       # once, all uploads of the round
-    eval params      = method.eval_params(server, cstate, ctx)        # for every client, when evaluating
+    server = method.init_server(sctx)
+    msg    = method.configure(phase, server, cid, sctx)      # per selected client, for each phase of the round
+    server = method.aggregate(phase, server, replies, sctx)  # replies: {cid: Message}
+    msg    = method.configure_evaluate(server, cid, sctx)    # what a personalized evaluation needs
 
-``server`` and ``cstate`` are plain dictionaries of tensors (and numbers) that the engine stores, checkpoints
-and never lets a method keep elsewhere. ``client_update`` is a template::
+Client half (sees its own state, its own data and the message, through a :class:`ClientCtx`)::
 
-    params = client_init(payload, cstate)        # default: own parameters overwritten by what was received
-    params = transform(params, cstate) ...       # composable client-init parts, e.g. ALA ("fedavg+ala")
-    params = local_train(params, cstate)         # SGD on the client's data (momentum kept if configured)
-    upload = upload(params)                      # the shared part + the number of samples
+    cstate        = method.init_client(cctx)                 # on the client, at first contact
+    reply, cstate = method.client_step(phase, msg, cstate, cctx)   # a generator: yields TrainSpecs (below)
+    params        = method.eval_params(msg, cstate, cctx)    # the personalized model to evaluate
+
+A round is ``method.phases(sctx)``, ``("train",)`` by default: one exchange. Methods that need more (a
+validation score of the received model before training, several models sent out) add phases; the engine runs
+them in order, each as configure -> clients -> aggregate.
+
+Client training is a spec a backend runs: :meth:`Method.client_train` is a generator that ``yield``s
+:class:`~fedblend.core.training.TrainSpec`s and receives each one's :class:`TrainResult`; plain code between
+the yields (ALA's blend-weight learning, Per-FedAvg's inner loop) runs on the client as it is. The default is a
+template::
+
+    params = client_init(msg, cstate)        # own parameters overwritten by what was received
+    params = transform(params, cstate) ...   # composable client-side parts, e.g. ALA ("fedavg+ala")
+    result = yield train_spec(params, ...)   # local SGD, with the method's loss terms (FedProx: proximal)
+    reply  = reply(result.params)            # the shared part + num_samples
 
 so a method overrides only what differs from FedAvg, and a :class:`ClientTransform` composes with every method
 that keeps the template, without either knowing the other.
+
+States (``server``, ``cstate``) are plain data -- tensors, numbers, strings, dicts and lists of them -- that the
+runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a method object holds only its options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,45 +48,69 @@ import torch
 
 from fedblend.common.params import Params, clone, select, weighted_average
 from fedblend.common.rng import SeedTree
-from fedblend.core.training import TrainConfig, TrainResult, sgd_train
+from fedblend.core.message import Message, comm_bytes
+from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, run_spec
 from fedblend.data.federated import ClientData
 from fedblend.models.zoo import FedModel
 
 State = dict[str, Any]
+ClientWork = Generator[TrainSpec, TrainResult, tuple[Message, State]]
+
+__all__ = ["ClientCtx", "ClientTransform", "ClientWork", "Message", "Method", "RunInfo", "ServerCtx", "State",
+           "comm_bytes"]
 
 
-@dataclass
-class Setup:
-    """Everything fixed for a run that methods may read."""
+@dataclass(frozen=True)
+class RunInfo:
+    """The public facts of a run, known to the server and to every client (a Flower app's run config): the
+    model architecture and its initial parameters (both built from the config and the seed), the training
+    settings, the number of clients and rounds. No client's data or data size is in here."""
 
     model: FedModel
     init_params: Params
     train: TrainConfig
     num_clients: int
-    num_samples: list[int]
     rounds: int
-    tree: SeedTree
-    rnd: int = 0  # the current round, set by the engine before each round
+    seed: int
+    device: str = "cpu"
+
+    @property
+    def client_ids(self) -> range:
+        return range(self.num_clients)
+
+
+@dataclass(frozen=True)
+class ServerCtx:
+    """What the server half sees besides its state and the messages: the round, its random streams, the run."""
+
+    run: RunInfo
+    rnd: int  # 0-based round
+    tree: SeedTree  # the server's streams in this round
+
+    @property
+    def model(self) -> FedModel:
+        return self.run.model
 
 
 @dataclass
 class ClientCtx:
-    """What a client sees while it runs: its id, the round, its data and its random streams."""
+    """What a client half sees besides its state and the message: its id, the round, its own data, its random
+    streams, the public run facts, and a dict of numbers for the round's metrics."""
 
     cid: int
     rnd: int
     data: ClientData
-    setup: Setup
+    run: RunInfo
     tree: SeedTree  # root of this client's streams in this round: tree.torch("batches") etc.
-    stats: dict = field(default_factory=dict)  # numbers a method wants in the round's metrics
+    stats: dict = field(default_factory=dict)
 
     @property
     def model(self) -> FedModel:
-        return self.setup.model
+        return self.run.model
 
     @property
     def train(self) -> TrainConfig:
-        return self.setup.train
+        return self.run.train
 
 
 @dataclass(frozen=True)
@@ -78,14 +119,19 @@ class NoOptions:
 
 
 class ClientTransform:
-    """A composable client-side part applied after ``client_init`` and before local training.
+    """A composable client-side part applied after ``client_init`` and before local training (e.g. ALA).
 
     ``apply`` returns the parameters to train from and the updated client state; a transform keeps its own
-    state under ``cstate[self.key]``. ``after_train`` sees the trained parameters (e.g. to remember them).
+    state under ``cstate[self.key]``. ``after_train`` sees the trained parameters. ``eval_params`` may replace
+    the personalized model evaluated, from the evaluation message and the client's state only.
     """
 
     name: ClassVar[str] = "transform"
     options_cls: ClassVar[type] = NoOptions
+    #: the transform reads the client's own model from its last training (``cstate["params"]``)
+    needs_local_model: ClassVar[bool] = False
+    #: the transform blends with a global model, so the method must have one
+    requires_global: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):
         self.opts = options if options is not None else self.options_cls()
@@ -100,8 +146,7 @@ class ClientTransform:
     def after_train(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> State:
         return cstate
 
-    def eval_params(self, method: Method, server: State, cstate: State, ctx: ClientCtx,
-                    params: Params) -> Params:
+    def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
         return params
 
     def eval_description(self, method: Method, current: str) -> str:
@@ -121,13 +166,9 @@ class Method:
     shares: ClassVar[str] = "all"
     #: whether the method has a global model whose accuracy is reported beside the personalized one
     has_global: ClassVar[bool] = True
-
-    @property
-    def sequential_server(self) -> bool:
-        """True: the engine runs downlink -> client -> aggregate one selected client at a time, so later clients
-        of a round see earlier uploads (e.g. FedAPA's authors' code). False (default): all downlinks are made from
-        the round's starting server state and ``aggregate`` sees every upload at once (the papers' "in parallel")."""
-        return False
+    #: whether the client half keeps its model between rounds (a private head, a local model); methods whose
+    #: clients always start from what they receive (FedAvg, FedALP) set False and store nothing
+    client_keeps_model: ClassVar[bool] = True
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
@@ -138,6 +179,18 @@ class Method:
     def label(self) -> str:
         return "+".join([self.name] + [t.name for t in self.transforms])
 
+    @property
+    def keeps_model(self) -> bool:
+        """The client state holds the client's model: the method needs it, or one of its transforms does."""
+        return self.client_keeps_model or any(t.needs_local_model for t in self.transforms)
+
+    @property
+    def sequential_server(self) -> bool:
+        """True: the engine runs configure -> client -> aggregate one selected client at a time, so later
+        clients of a round see earlier uploads (e.g. FedAPA's authors' code). False (default): every message of
+        a round is made from the round's starting server state and ``aggregate`` sees every reply at once."""
+        return False
+
     def describe_eval(self) -> str:
         """``eval_model`` as changed by the transforms (written into every result's protocol)."""
         desc = self.eval_model
@@ -145,84 +198,119 @@ class Method:
             desc = t.eval_description(self, desc)
         return desc
 
-    def shared_names(self, setup: Setup) -> list[str]:
-        return list(setup.init_params) if self.shares == "all" else setup.model.body_names()
+    def shared_names(self, run: RunInfo) -> list[str]:
+        return list(run.init_params) if self.shares == "all" else run.model.body_names()
 
-    # ----------------------------------------------------------------------------------------- server
-    def init_server(self, setup: Setup) -> State:
-        return {"global": clone(setup.init_params)}
+    def phases(self, sctx: ServerCtx) -> Sequence[str]:
+        """The exchanges of round ``sctx.rnd``, in order (default: one, ``"train"``)."""
+        return ("train",)
 
-    def downlink(self, server: State, cid: int, setup: Setup) -> Params:
-        return select(server["global"], self.shared_names(setup))
+    # ========================================================================================= server half
+    def init_server(self, sctx: ServerCtx) -> State:
+        return {"global": clone(sctx.run.init_params)}
 
-    def aggregate(self, server: State, uploads: Mapping[int, State], setup: Setup) -> State:
+    def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
+        if phase == "train":
+            return self.configure_train(server, cid, sctx)
+        raise ValueError(f"{self.name} has no phase {phase!r}")
+
+    def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        if phase == "train":
+            return self.aggregate_train(server, replies, sctx)
+        raise ValueError(f"{self.name} has no phase {phase!r}")
+
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        return Message({"params": select(server["global"], self.shared_names(sctx.run))})
+
+    def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """FedAvg (McMahan et al. 2017, Alg. 1): data-size-weighted mean of the uploaded parameters."""
-        cids = sorted(uploads)
-        avg = weighted_average([uploads[c]["params"] for c in cids], [uploads[c]["num_samples"] for c in cids])
+        cids = sorted(replies)
+        avg = weighted_average([replies[c].params() for c in cids], [replies[c].metrics["num_samples"] for c in cids])
         return {**server, "global": {**server["global"], **avg}}
 
     def global_params(self, server: State) -> Params | None:
         return server.get("global") if self.has_global else None
 
-    # ----------------------------------------------------------------------------------------- client
-    def init_client(self, cid: int, setup: Setup) -> State:
-        return {"params": clone(setup.init_params)}
+    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
+        model (``"global"``) where the method has one."""
+        msg = self.configure_train(server, cid, sctx)
+        glob = self.global_params(server)
+        if glob is not None:
+            msg.arrays["global"] = glob
+        return msg
 
-    def client_init(self, payload: Params, cstate: State, ctx: ClientCtx) -> Params:
-        return {**cstate["params"], **payload}
+    # ========================================================================================= client half
+    def init_client(self, ctx: ClientCtx) -> State:
+        return {"params": clone(ctx.run.init_params)} if self.keeps_model else {}
+
+    def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        if phase == "train":
+            return self.client_train(msg, cstate, ctx)
+        raise ValueError(f"{self.name} has no phase {phase!r}")
+
+    def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """The received parameters over the client's own (a head that is not sent stays)."""
+        return {**cstate.get("params", {}), **msg.params()}
 
     def apply_transforms(self, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
         for t in self.transforms:
             params, cstate = t.apply(self, params, cstate, ctx)
         return params, cstate
 
-    def extra_loss(self, payload: Params, params: Params, cstate: State, ctx: ClientCtx):
-        """Optional regulariser added to the training loss (None = plain cross-entropy)."""
-        return None
+    def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
+        """Extra terms of the training loss (none = plain cross-entropy)."""
+        return ()
 
-    def local_train(self, params: Params, cstate: State, ctx: ClientCtx, extra_loss=None,
-                    trainable=None, epochs: int | None = None) -> tuple[TrainResult, State]:
+    def train_spec(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx, **kw) -> TrainSpec:
+        """Local SGD from ``params`` with the configured epochs and lr, the kept momentum buffers when
+        ``train.optimizer_state = "keep"``, and the method's loss terms; ``kw`` overrides spec fields."""
         keep = ctx.train.optimizer_state == "keep"
-        res = sgd_train(ctx.model, params, ctx.data.train_x, ctx.data.train_y, ctx.train,
-                        ctx.tree.torch("batches"), momentum=cstate.get("momentum") if keep else None,
-                        extra_loss=extra_loss, trainable=trainable, epochs=epochs)
-        if keep and res.momentum is not None:
-            cstate = {**cstate, "momentum": res.momentum}
+        spec = dict(params=params, momentum=cstate.get("momentum") if keep else None,
+                    loss_terms=self.loss_terms(msg, params, cstate, ctx))
+        return TrainSpec(**{**spec, **kw})
+
+    def record_training(self, res: TrainResult, cstate: State, ctx: ClientCtx) -> State:
+        """After a spec ran: keep the momentum buffers (merged, so untrained tensors keep theirs) and the loss."""
+        if ctx.train.optimizer_state == "keep" and res.momentum is not None:
+            cstate = {**cstate, "momentum": merge_momentum(cstate.get("momentum"), res.momentum)}
         ctx.stats["train_loss"] = res.mean_loss
-        return res, cstate
+        return cstate
 
-    def upload(self, params: Params, cstate: State, ctx: ClientCtx) -> State:
-        return {"params": select(params, self.shared_names(ctx.setup)), "num_samples": ctx.data.num_train}
+    def reply(self, params: Params, cstate: State, ctx: ClientCtx) -> Message:
+        return Message({"params": select(params, self.shared_names(ctx.run))}, {"num_samples": ctx.data.num_train})
 
-    def client_update(self, payload: Params, cstate: State, ctx: ClientCtx) -> tuple[State, State]:
-        params = self.client_init(payload, cstate, ctx)
+    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        params = self.client_init(msg, cstate, ctx)
         params, cstate = self.apply_transforms(params, cstate, ctx)
-        res, cstate = self.local_train(params, cstate, ctx, extra_loss=self.extra_loss(payload, params, cstate, ctx))
-        cstate = {**cstate, "params": res.params}
+        res = yield self.train_spec(params, msg, cstate, ctx)
+        cstate = self.record_training(res, cstate, ctx)
+        if self.keeps_model:
+            cstate = {**cstate, "params": res.params}
         for t in self.transforms:
             cstate = t.after_train(self, res.params, cstate, ctx)
-        return self.upload(res.params, cstate, ctx), cstate
+        return self.reply(res.params, cstate, ctx), cstate
 
     # ----------------------------------------------------------------------------------------- evaluation
-    def personalized_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        """The method's own personalized model of client ``ctx.cid`` (default: its model after local training)."""
+    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """The method's own personalized model of the client (default: its model after local training)."""
         return cstate["params"]
 
-    def eval_params(self, server: State, cstate: State, ctx: ClientCtx) -> Params:
-        """Parameters of client ``ctx.cid``'s personalized model, as the method's paper evaluates it: the method's
+    def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """Parameters of the client's personalized model as the method's paper evaluates it: the method's
         :meth:`personalized_params`, then each transform's ``eval_params`` on top."""
-        params = self.personalized_params(server, cstate, ctx)
+        params = self.personalized_params(msg, cstate, ctx)
         for t in self.transforms:
-            params = t.eval_params(self, server, cstate, ctx, params)
+            params = t.eval_params(self, msg, cstate, ctx, params)
         return params
 
 
-def comm_bytes(obj: Any) -> int:
-    """Bytes of every tensor inside ``obj`` (nested dicts / lists), i.e. what a message costs on the wire."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, Mapping):
-        return sum(comm_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(comm_bytes(v) for v in obj)
-    return 0
+def train_now(spec: TrainSpec, ctx: ClientCtx) -> TrainResult:
+    """Run a spec at once on the client's own data and stream (for evaluation-time work such as fine-tuning,
+    which is not part of the round's training)."""
+    return run_spec(spec, ctx.model, ctx.data, ctx.train, ctx.tree.torch(spec.stream))
+
+
+def same_tensors(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor] | None) -> bool:
+    """Whether two parameter dicts hold the very same tensor objects (so evaluating one evaluates both)."""
+    return b is not None and a.keys() == b.keys() and all(a[k] is b[k] for k in a)

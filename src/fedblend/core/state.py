@@ -1,26 +1,24 @@
-"""The client-state store: every client's state is data keyed by client id, owned by the engine.
+"""The client-state store: every client's state is data keyed by client id, owned by the runtime.
 
-Methods receive a client's state and return the new one; nothing is kept inside per-client objects. States
-are created lazily by the method's ``init_client`` the first time a client is touched.
+Client halves receive their state and return the new one; nothing is kept inside per-client objects. A client
+that has never been contacted has no entry (``get`` returns ``None``): its client half initialises its state on
+the client at first contact (``Method.init_client``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 State = dict[str, Any]
 
 
 class ClientStore:
-    def __init__(self, init: Callable[[int], State], states: dict[int, State] | None = None):
-        self._init = init
+    def __init__(self, states: dict[int, State] | None = None):
         self.states: dict[int, State] = dict(states or {})
 
-    def get(self, cid: int) -> State:
-        if cid not in self.states:
-            self.states[cid] = self._init(cid)
-        return self.states[cid]
+    def get(self, cid: int) -> State | None:
+        return self.states.get(cid)
 
     def put(self, cid: int, state: State) -> None:
         self.states[cid] = state

@@ -1,16 +1,23 @@
-"""Local training written functionally, so client execution can later be batched (``torch.func``).
+"""Local training as data: a client half describes its training as a :class:`TrainSpec`; a backend runs it.
 
-:func:`sgd_train` runs mini-batch SGD (PyTorch's ``SGD`` update rule, with optional momentum whose buffers
-are returned so a method can keep them in the client-state store) over a parameter dictionary with
-``torch.func.functional_call``. Batches come from a passed-in generator (one random permutation per epoch,
-last partial batch kept, like ``DataLoader(shuffle=True)``). An optional ``extra_loss(params)`` adds a
-regulariser (FedProx's proximal term, Ditto, FedAMP); ``trainable`` restricts which tensors move (FedRep).
+:func:`sgd_train` runs mini-batch SGD (PyTorch's ``SGD`` update rule, with optional momentum whose buffers are
+returned so a method can keep them in the client state) over a parameter dictionary with
+``torch.func.functional_call``. Batches come from a passed-in generator (one random permutation per epoch, last
+partial batch kept, like ``DataLoader(shuffle=True)``).
+
+A spec says *what* to train: start parameters, which tensors move (``trainable``; FedRep / FedBABU phases), how
+long (``epochs`` or ``steps``), the learning rate, the optimizer buffers to start from, and extra loss terms.
+A :class:`LossTerm` sees the parameters and the :class:`Batch` -- inputs, labels, logits and (when it asks for
+them) the model's features -- so proximal (FedProx, Ditto, FedAMP), distillation (FedPHP), representation
+(FedProto, FedPAC, DBE) and mixture (APFL) losses all fit. Because the spec is data, a backend may run a list of
+them one by one, in worker processes, or batched with ``torch.func.vmap``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -36,6 +43,42 @@ class TrainConfig:
 
 
 @dataclass
+class Batch:
+    """What a loss term sees for one mini-batch (``features`` only when a term asks for them)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    logits: torch.Tensor
+    features: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """An extra term of the training loss: ``fn(params, batch) -> scalar`` added to the cross-entropy."""
+
+    fn: Callable[[Params, Batch], torch.Tensor]
+    needs_features: bool = False
+    name: str = "extra"
+
+
+@dataclass
+class TrainSpec:
+    """One piece of local training a client half asks its backend to run (see module docstring)."""
+
+    params: Params
+    trainable: Sequence[str] | None = None  # None: every tensor in params
+    epochs: int | None = None  # None: train.epochs (ignored when steps is set)
+    steps: int | None = None  # mini-batch steps instead of epochs (batches keep drawing fresh epochs)
+    lr: float | None = None  # None: train.lr
+    momentum: Params | None = None  # optimizer buffers to start from (None: fresh)
+    loss_terms: tuple[LossTerm, ...] = ()
+    stream: str = "batches"  # the client's random stream (in this round) that draws the batches
+    split: str = "train"  # the client's data split trained on
+    batch_size: int | None = None  # None: train.batch_size
+    tags: dict = field(default_factory=dict)  # free-form labels for backends / diagnostics
+
+
+@dataclass
 class TrainResult:
     params: Params
     momentum: Params | None
@@ -51,33 +94,55 @@ def batches(n: int, batch_size: int, epochs: int, generator: torch.Generator) ->
         yield from torch.split(perm, batch_size)
 
 
+def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+            with_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (and the features before the head) of the model with ``params`` on ``x``."""
+    if not with_features:
+        return functional_call(model, params, (x,)), None
+    feats = functional_call(model, params, (x,), {"part": "features"})
+    return functional_call(model, params, (feats,), {"part": "head"}), feats
+
+
 def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
               cfg: TrainConfig, generator: torch.Generator, *, momentum: Mapping[str, torch.Tensor] | None = None,
-              extra_loss: Callable[[Params], torch.Tensor] | None = None,
-              trainable: Iterable[str] | None = None, epochs: int | None = None,
-              lr: float | None = None) -> TrainResult:
+              loss_terms: Sequence[LossTerm] = (), trainable: Iterable[str] | None = None,
+              epochs: int | None = None, lr: float | None = None, steps: int | None = None,
+              batch_size: int | None = None) -> TrainResult:
     """Train ``params`` on ``(x, y)`` with SGD; return new tensors (inputs are not modified).
 
     Update per step, as ``torch.optim.SGD``: ``g = grad + wd * p``; ``b = mu * b + g`` (``b = g`` on a fresh
-    buffer); ``p = p - lr * b``.
+    buffer); ``p = p - lr * b``. Loss: cross-entropy plus every term of ``loss_terms``. Only buffers of trained
+    tensors are returned (a caller merges them into the ones it keeps).
     """
     epochs = cfg.epochs if epochs is None else epochs
     lr = cfg.lr if lr is None else lr
-    names = list(params) if trainable is None else [n for n in params if n in set(trainable)]
+    bs = cfg.batch_size if batch_size is None else batch_size
+    wanted = None if trainable is None else set(trainable)
+    names = list(params) if wanted is None else [n for n in params if n in wanted]
     work = {k: v.detach().clone() for k, v in params.items()}
     for n in names:
         work[n].requires_grad_(True)
     bufs: dict[str, torch.Tensor] = {}
     if cfg.momentum and momentum is not None:
         bufs = {k: v.clone() for k, v in momentum.items() if k in names}
-    total, steps, seen = 0.0, 0, 0
-    if len(y) == 0 or epochs <= 0:
+    total, done, seen = 0.0, 0, 0
+    if steps is not None:
+        epochs = math.ceil(steps / max(1, math.ceil(len(y) / bs))) if len(y) else 0
+    if len(y) == 0 or epochs <= 0 or (steps is not None and steps <= 0):
         return TrainResult(_detach(work), bufs or None, float("nan"), 0, 0)
+    feats_needed = any(t.needs_features for t in loss_terms)
     leaves = [work[n] for n in names]
-    for idx in batches(len(y), cfg.batch_size, epochs, generator):
-        out = functional_call(model, work, (x[idx],))
-        loss = F.cross_entropy(out, y[idx])
-        total_loss = loss + extra_loss(work) if extra_loss is not None else loss
+    for idx in batches(len(y), bs, epochs, generator):
+        if steps is not None and done >= steps:
+            break
+        xb, yb = x[idx], y[idx]
+        out, feats = forward(model, work, xb, feats_needed)
+        loss = F.cross_entropy(out, yb)
+        total_loss = loss
+        if loss_terms:
+            batch = Batch(xb, yb, out, feats)
+            for term in loss_terms:
+                total_loss = total_loss + term.fn(work, batch)
         grads = torch.autograd.grad(total_loss, leaves)
         with torch.no_grad():
             for n, p, g in zip(names, leaves, grads):
@@ -93,8 +158,24 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
                 p.sub_(g, alpha=lr)
         total += float(loss.detach()) * len(idx)
         seen += len(idx)
-        steps += 1
-    return TrainResult(_detach(work), bufs or None, total / max(seen, 1), steps, seen)
+        done += 1
+    return TrainResult(_detach(work), bufs or None, total / max(seen, 1), done, seen)
+
+
+def run_spec(spec: TrainSpec, model: nn.Module, data, cfg: TrainConfig, generator: torch.Generator) -> TrainResult:
+    """Run one :class:`TrainSpec` on a client's data (``data.<split>_x / _y``) with the given batch stream."""
+    x, y = getattr(data, f"{spec.split}_x"), getattr(data, f"{spec.split}_y")
+    return sgd_train(model, spec.params, x, y, cfg, generator, momentum=spec.momentum, loss_terms=spec.loss_terms,
+                     trainable=spec.trainable, epochs=spec.epochs, lr=spec.lr, steps=spec.steps,
+                     batch_size=spec.batch_size)
+
+
+def merge_momentum(kept: Mapping[str, torch.Tensor] | None, new: Mapping[str, torch.Tensor] | None) -> Params | None:
+    """Buffers after a (possibly partial) training: the new ones over the kept ones, so buffers of tensors that
+    were not trained this time survive (FedRep's head and body phases each keep theirs)."""
+    if not kept and not new:
+        return None
+    return {**dict(kept or {}), **dict(new or {})}
 
 
 def _detach(params: Mapping[str, torch.Tensor]) -> Params:

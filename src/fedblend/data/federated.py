@@ -67,6 +67,10 @@ class ClientData:
     def num_train(self) -> int:
         return int(self.train_y.shape[0])
 
+    def to(self, device: str | torch.device) -> ClientData:
+        """The same client's tensors on ``device`` (moved once per run, never per batch)."""
+        return ClientData(**{k: v.to(device) for k, v in vars(self).items()})
+
 
 @dataclass
 class FederatedData:
@@ -80,6 +84,12 @@ class FederatedData:
     @property
     def num_clients(self) -> int:
         return len(self.clients)
+
+    def to(self, device: str | torch.device) -> FederatedData:
+        """The same federation with every client's tensors on ``device`` (``self`` when already there)."""
+        if all(c.train_x.device == torch.device(device) for c in self.clients):
+            return self
+        return FederatedData([c.to(device) for c in self.clients], self.info, self.indices, self.spec, self.counts)
 
     def table(self) -> str:
         return format_counts(self.counts["train"], self.counts.get("test"))

@@ -5,6 +5,9 @@ prefix (``fc1.weight`` -> ``fc1``), plus:
 
 * ``layers``: layer names from input to output (ALA's ``p`` and FedALP's per-layer weights count these);
 * ``head_layers``: the layers kept private by methods that share only the body (FedAPA, FedRep, pFedRLLA);
+* ``features(x)`` (the body's output, the representation FedProto / FedPAC / DBE work on) and ``head(z)``
+  (the head layers); ``forward(x) = head(features(x))``, and ``forward(x, part="features" | "head")`` reaches
+  either half through ``torch.func.functional_call``.
 
 Architectures (sizes as in ``shared/notes/reference-implementations.md``):
 
@@ -37,6 +40,22 @@ class FedModel(nn.Module):
 
     layers: tuple[str, ...] = ()
     head_layers: tuple[str, ...] = ()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, part: str = "logits") -> torch.Tensor:
+        """``"logits"``: ``head(features(x))``; ``"features"``: the body's output; ``"head"``: ``x`` is a feature."""
+        if part == "logits":
+            return self.head(self.features(x))
+        if part == "features":
+            return self.features(x)
+        if part == "head":
+            return self.head(x)
+        raise ValueError(f"part must be 'logits', 'features' or 'head', got {part!r}")
 
     def param_names(self, layers: Sequence[str] | None = None) -> list[str]:
         """Parameter names, in order, of the given layers (all layers when None)."""
@@ -75,10 +94,13 @@ class CNN4(FedModel):
         self.fc1 = nn.Linear(64 * s * s, 512)
         self.fc = nn.Linear(512, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(F.relu(self.fc1(x.flatten(1))))
+        return F.relu(self.fc1(x.flatten(1)))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc(z)
 
 
 class LeNet5(FedModel):
@@ -94,11 +116,14 @@ class LeNet5(FedModel):
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc3(F.relu(self.fc2(x)))
+        return F.relu(self.fc2(x))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc3(z)
 
 
 class MLP(FedModel):
@@ -110,8 +135,11 @@ class MLP(FedModel):
         self.fc1 = nn.Linear(in_features, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc1(x.flatten(1)))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc2(z)
 
 
 class CNN5(FedModel):
@@ -127,10 +155,13 @@ class CNN5(FedModel):
         self.fc1 = nn.Linear(64 * s * s, 128)
         self.fc2 = nn.Linear(128, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         for conv in (self.conv1, self.conv2, self.conv3):
             x = F.max_pool2d(F.relu(conv(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        return F.relu(self.fc1(x.flatten(1)))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc2(z)
 
 
 class FastText(FedModel):
@@ -143,10 +174,13 @@ class FastText(FedModel):
         self.fc1 = nn.Linear(hidden, hidden)
         self.fc = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         mask = (x != 0).unsqueeze(-1).to(self.embedding.weight.dtype)
         emb = (self.embedding(x) * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-        return self.fc(self.fc1(emb))
+        return self.fc1(emb)
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc(z)
 
 
 def _image(cls: type) -> Callable[[dict], FedModel]:

@@ -1,0 +1,117 @@
+"""Golden outputs: record and check the per-round metrics of every benchmark config (3 rounds, seed 0).
+
+Refactors of the engine or the method interface must not move any result. ``record`` runs each config through
+the ``fedblend run`` command (the stable run contract) for 3 rounds at seed 0 with one thread and writes its
+``metrics.jsonl`` without wall-clock fields to ``tests/golden/benchmarks/<stem>.jsonl``; ``check`` runs them
+again and compares every remaining field exactly (floats as written by ``json``, i.e. bit for bit).
+
+    python scripts/golden.py record configs/benchmarks/*.toml --jobs 2
+    python scripts/golden.py check configs/benchmarks/*.toml --jobs 2 [--set backend=processes ...]
+
+Extra cases (``EXTRA``) run a config with overrides, e.g. FedALP with a warm-up short enough that its
+clustered phase is inside the 3 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden" / "benchmarks"
+BASE = ["rounds=3", "seed=0"]
+# name -> (config stem, extra overrides): phases the plain 3-round runs never reach
+EXTRA = {
+    "t2-mnist-mlp-fedalp@tpre2": ("t2-mnist-mlp-fedalp", ["options.t_pre=2"]),
+    "t2-mnist-mlp-fedalp-m3@tpre1-recluster": ("t2-mnist-mlp-fedalp-m3", ["options.t_pre=1", "options.recluster_every=1"]),
+    "t2-fmnist-mlp-fedalp@tpre2-ala": ("t2-fmnist-mlp-fedalp", ["options.t_pre=2", "method=\"fedalp+ala\""]),
+}
+
+
+def strip(row: dict) -> dict:
+    """A metrics row without wall-clock fields (``*seconds*`` and the ``*_share`` derived from them)."""
+    return {k: v for k, v in row.items() if "seconds" not in k and not k.endswith("_share")}
+
+
+def run_case(config: Path, overrides: list[str], extra_args: list[str]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "fedblend.cli.main", "run", str(config), "--out", tmp, "--threads", "1",
+               "--quiet"]
+        for o in BASE + overrides:
+            cmd += ["--set", o]
+        cmd += extra_args
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{config.name} {overrides}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        return [strip(json.loads(line)) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+
+
+def cases(configs: list[str]) -> dict[str, tuple[Path, list[str]]]:
+    out = {Path(c).stem: (Path(c), []) for c in configs}
+    stems = {Path(c).stem: Path(c) for c in configs}
+    for name, (stem, over) in EXTRA.items():
+        if stem in stems:
+            out[name] = (stems[stem], over)
+    return out
+
+
+def compare(want: list[dict], got: list[dict]) -> list[str]:
+    diffs = []
+    if len(want) != len(got):
+        return [f"{len(got)} rounds, golden has {len(want)}"]
+    for w, g in zip(want, got):
+        for k in sorted(set(w) | set(g)):
+            if w.get(k, "<missing>") != g.get(k, "<missing>"):
+                diffs.append(f"round {w.get('round')} {k}: golden {w.get(k, '<missing>')!r} now {g.get(k, '<missing>')!r}")
+    return diffs
+
+
+def _slow_first(item):
+    """T3 (cnn4, batch 10) runs take longest: start them first."""
+    return (not item[0].startswith("t3"), item[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["record", "check"])
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--golden", default=str(GOLDEN))
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for check (e.g. backend)")
+    ap.add_argument("--args", default="", help="extra CLI arguments for check, e.g. '--backend processes'")
+    args = ap.parse_args(argv)
+    golden = Path(args.golden)
+    golden.mkdir(parents=True, exist_ok=True)
+    todo = cases(args.configs)
+    extra = args.args.split() if args.args else []
+
+    def one(item):
+        name, (cfg, over) = item
+        try:
+            if args.mode == "record":
+                rows = run_case(cfg, over, [])
+                (golden / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+                return name, []
+            want = [json.loads(x) for x in (golden / f"{name}.jsonl").read_text().splitlines()]
+            return name, compare(want, run_case(cfg, over + [f for f in args.sets], extra))
+        except Exception as exc:  # report and go on with the other cases
+            return name, [f"error: {exc}"]
+
+    bad = 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, diffs in pool.map(one, sorted(todo.items(), key=_slow_first)):
+            print(f"{'ok ' if not diffs else 'DIFF'} {name}" + "".join(f"\n     {d}" for d in diffs[:10]), flush=True)
+            bad += bool(diffs)
+    print(f"{len(todo) - bad} identical, {bad} different")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

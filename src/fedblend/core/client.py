@@ -1,0 +1,96 @@
+"""The client runtime: runs a method's client half for the clients whose data it holds.
+
+A :class:`ClientJob` is everything one client receives for one exchange: the phase, its id, the round, the
+message, and its own state (``None`` at first contact: the client half initialises it, on the client). The
+runtime builds the client's :class:`~fedblend.core.method.ClientCtx` from its own data and random streams, runs
+the phase and returns a :class:`ClientResult`: the reply message, the new state (``None`` for evaluation,
+which never changes state) and the numbers the client reports for the round's metrics.
+
+Training phases are generators (see :mod:`fedblend.core.method`); :func:`drive` runs one to completion, handing
+every :class:`~fedblend.core.training.TrainSpec` it yields to an executor. A backend that batches specs across
+clients drives several generators in lock-step instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedblend.common.rng import SeedTree
+from fedblend.core.evaluation import evaluate_params
+from fedblend.core.message import Message
+from fedblend.core.method import ClientCtx, ClientWork, Method, RunInfo, State, same_tensors, train_now
+from fedblend.core.training import TrainResult, TrainSpec
+from fedblend.data.federated import ClientData
+
+EVALUATE = "evaluate"
+
+
+@dataclass
+class ClientJob:
+    phase: str  # "train", "evaluate", or a method's own phase
+    cid: int
+    rnd: int
+    msg: Message
+    state: State | None  # None: first contact, the client half initialises its state
+
+
+@dataclass
+class ClientResult:
+    reply: Message
+    state: State | None  # None: unchanged (evaluation)
+    stats: dict = field(default_factory=dict)
+
+
+def drive(work: ClientWork, execute: Callable[[TrainSpec], TrainResult]) -> tuple[Message, State]:
+    """Run a client half's generator to the end, executing each spec it yields; return its (reply, state)."""
+    try:
+        spec = next(work)
+        while True:
+            spec = work.send(execute(spec))
+    except StopIteration as stop:
+        return stop.value
+
+
+class ClientRuntime:
+    """Client halves of one method for the clients in ``data`` (all of them in-process; a worker's own share in
+    the process backend; one on a Flower node)."""
+
+    def __init__(self, method: Method, run: RunInfo, data: Mapping[int, ClientData], tree: SeedTree):
+        self.method, self.run, self.data, self.tree = method, run, dict(data), tree
+
+    def ctx(self, cid: int, rnd: int, phase: str) -> ClientCtx:
+        purpose = "eval" if phase == EVALUATE else phase
+        if cid not in self.data:
+            raise KeyError(f"client {cid}'s data is not held by this runtime")
+        return ClientCtx(cid, rnd, self.data[cid], self.run, self.tree.child(purpose, "round", rnd, "client", cid))
+
+    def handle(self, job: ClientJob) -> ClientResult:
+        t0 = time.perf_counter()
+        ctx = self.ctx(job.cid, job.rnd, job.phase)
+        state = job.state if job.state is not None else self.method.init_client(ctx)
+        if job.phase == EVALUATE:
+            return ClientResult(self.evaluate(job.msg, state, ctx), None, {})
+        reply, state = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
+        ctx.stats["client_seconds"] = time.perf_counter() - t0
+        return ClientResult(reply, state, ctx.stats)
+
+    @torch.no_grad()
+    def evaluate(self, msg: Message, state: State, ctx: ClientCtx) -> Message:
+        """The personalized model (``method.eval_params``) and, when the message carries one, the global model,
+        on the split ``msg.config["split"]`` of the client's data: correct, summed loss and count of each."""
+        split = msg.config.get("split", "test")
+        bs = int(msg.config.get("batch_size", 2048))
+        x, y = getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y")
+        with torch.enable_grad():  # methods may fine-tune or blend before evaluating
+            params = self.method.eval_params(msg, state, ctx)
+        c, lo, n = evaluate_params(ctx.model, params, x, y, bs)
+        metrics = {"correct": c, "loss": lo, "n": n}
+        glob = msg.arrays.get("global")
+        if glob is not None:
+            gc, gl, gn = (c, lo, n) if same_tensors(params, glob) else evaluate_params(ctx.model, glob, x, y, bs)
+            metrics.update(global_correct=gc, global_loss=gl, global_n=gn)
+        return Message(metrics=metrics)
