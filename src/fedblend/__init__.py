@@ -1,6 +1,7 @@
 """fedblend: personalized federated learning built around adaptive aggregation.
 
-Layers (arrows point down only): ``cli`` -> ``algorithms`` -> ``core`` -> ``models`` / ``data``.
+Layers (arrows point down only): ``cli`` -> ``config`` / ``experiment`` -> ``algorithms`` -> ``core`` ->
+``models`` / ``data`` -> ``common``.
 See ``docs/architecture.md``.
 """
 

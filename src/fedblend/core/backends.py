@@ -65,12 +65,15 @@ def _unpack_result(blob: bytes) -> ClientResult:
     return ClientResult(Message.from_arrays(reply), None if state is None else decode(state), decode(stats))
 
 
-def _worker_main(conn, setup: bytes) -> None:  # pragma: no cover - runs in the worker process
-    """A worker: build the client runtime for its own clients, then answer job batches until told to stop."""
-    method, run, data, tree, threads = pickle.loads(setup)
+def _worker_main(conn) -> None:  # pragma: no cover - runs in the worker process
+    """A worker: receive its setup (method, run facts, its own clients' data), build the client runtime, then
+    answer job batches until told to stop."""
+    conn.send_bytes(b"hello")
+    method, run, data, tree, threads = pickle.loads(conn.recv_bytes())
     torch.set_num_threads(threads)
     clients = {cid: ClientData(**decode(arrays)) for cid, arrays in data.items()}
     runtime = ClientRuntime(method, run, clients, tree)
+    conn.send_bytes(b"ready")
     while True:
         blob = conn.recv_bytes()
         if not blob:
@@ -105,12 +108,18 @@ class ProcessBackend:
         for w in range(self.workers):
             own = {cid: encode(asdict(d), as_numpy=True) for cid, d in data.items() if cid % self.workers == w}
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, pickle.dumps((method, run, own, tree, threads))),
-                               daemon=True, name=f"fedblend-client-worker-{w}")
+            proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name=f"fedblend-client-worker-{w}")
             proc.start()
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+            # the setup goes only to a worker that is listening (a worker that dies first is an error, not a hang)
+            if self._receive(w) != b"hello":
+                raise RuntimeError(f"client worker {w} did not start")
+            parent.send_bytes(pickle.dumps((method, run, own, tree, threads)))
+        for w in range(self.workers):
+            if self._receive(w) != b"ready":
+                raise RuntimeError(f"client worker {w} did not start")
 
     def run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
         per: list[list[int]] = [[] for _ in range(self.workers)]
@@ -124,7 +133,7 @@ class ProcessBackend:
         for w, idx in enumerate(per):
             if not idx:
                 continue
-            status, payload = pickle.loads(self.conns[w].recv_bytes())
+            status, payload = pickle.loads(self._receive(w))
             if status != "ok":
                 errors.append(f"worker {w}: {payload}")
                 continue
@@ -133,6 +142,21 @@ class ProcessBackend:
         if errors:
             raise RuntimeError("a client failed in a worker process:\n" + "\n".join(errors))
         return out  # type: ignore[return-value]
+
+    def _receive(self, w: int) -> bytes:
+        """Worker ``w``'s answer; a worker that died (killed, out of memory, or a script without an
+        ``if __name__ == "__main__":`` guard, which spawned workers re-run) is an error, never a hang."""
+        conn, proc = self.conns[w], self.procs[w]
+        hint = (f"client worker {w} exited (code {{}}). Worker processes are spawned: a script that uses backend "
+                "'processes' must run its code under `if __name__ == \"__main__\":`")
+        while not conn.poll(1.0):
+            if not proc.is_alive():
+                raise RuntimeError(hint.format(proc.exitcode))
+        try:
+            return conn.recv_bytes()
+        except EOFError as exc:
+            proc.join(timeout=5)
+            raise RuntimeError(hint.format(proc.exitcode)) from exc
 
     def close(self) -> None:
         for conn in self.conns:

@@ -1,0 +1,225 @@
+"""The pieces of the message-based interface: the state codec, messages, training specs (loss terms that see
+features, steps, partial training keeps momentum), model features/head, the training generator protocol, the
+process backend's failure modes, and the device / backend config fields."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedblend.algorithms.fedavg import FedAvg
+from fedblend.common.codec import TREE, CodecError, decode, encode
+from fedblend.common.options import ConfigError
+from fedblend.core.client import drive
+from fedblend.core.message import Message, comm_bytes
+from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, sgd_train
+from fedblend.models.zoo import build_model
+from tests.helpers import run_client, same_state, tiny_sim, train_message
+
+
+# ------------------------------------------------------------------------------------------------ codec
+def test_codec_round_trip_of_every_kind_of_leaf():
+    t = torch.randn(3, 2)
+    state = {"params": {"fc.weight": t, "fc.bias": torch.zeros(2, dtype=torch.float64)},
+             7: [t, (1, 2.5, float("nan"), float("-inf"), None, True, "s")], "half": torch.ones(2, dtype=torch.bfloat16),
+             "idx": torch.arange(4), "np": np.arange(3.0), "empty": {}, "nested": [[{"a": []}]]}
+    for as_numpy in (False, True):
+        flat = encode(state, as_numpy=as_numpy)
+        assert TREE in flat and all(isinstance(v, np.ndarray if as_numpy else torch.Tensor) for v in flat.values())
+        back = decode(flat)
+        assert same_state(back["params"], state["params"]) and back["half"].dtype == torch.bfloat16
+        assert back[7][1][:2] == (1, 2.5) and math.isnan(back[7][1][2]) and back[7][1][3] == -math.inf
+        assert back[7][1][4:] == (None, True, "s") and isinstance(back[7][1], tuple)
+        assert list(back) == list(state)  # key order and key types (int 7) kept
+        assert back[7][0] is back["params"]["fc.weight"]  # a shared tensor stays one object
+        assert isinstance(back["np"], np.ndarray) and back["empty"] == {} and back["nested"] == [[{"a": []}]]
+    assert len([k for k in encode(state) if k != TREE]) == 5  # t stored once
+
+
+def test_codec_rejects_what_is_not_data():
+    with pytest.raises(CodecError, match="a/b"):
+        encode({"a": {"b": lambda x: x}})
+    with pytest.raises(CodecError, match="key"):
+        encode({(1, 2): 3})
+
+
+# ------------------------------------------------------------------------------------------------ messages
+def test_message_bytes_and_wire_round_trip():
+    g = {"w": torch.ones(3), "b": torch.zeros(2, dtype=torch.float64)}
+    msg = Message({"params": g, "global": g}, {"num_samples": 5}, {"split": "test"})
+    assert msg.num_bytes == comm_bytes(msg) == 2 * (3 * 4 + 2 * 8)
+    back = Message.from_arrays(msg.to_arrays())
+    assert same_state(back.arrays, msg.arrays) and back.metrics == {"num_samples": 5} and back.config == {"split": "test"}
+    assert back.params() is back.arrays["params"] and back.params("none") == {}
+
+
+# ------------------------------------------------------------------------------------------------ models
+@pytest.mark.parametrize("name,info", [("cnn4", {"in_channels": 1, "num_classes": 10, "image_size": 28}),
+                                       ("lenet5", {"in_channels": 1, "num_classes": 10, "image_size": 28}),
+                                       ("mlp", {"input_shape": (1, 28, 28), "num_classes": 10})])
+def test_features_then_head_is_forward(name, info):
+    m = build_model(name, info, torch.Generator().manual_seed(0))
+    x = torch.randn(5, 1, 28, 28)
+    z = m(x, part="features")
+    assert torch.equal(m(z, part="head"), m(x))
+    assert z.shape == (5, getattr(m, m.head_layers[-1]).in_features)  # the head's input
+    with pytest.raises(ValueError, match="part"):
+        m(x, part="nope")
+
+
+# ------------------------------------------------------------------------------------------------ training specs
+def _toy():
+    m = build_model("mlp", {"input_shape": (4,), "num_classes": 3}, torch.Generator().manual_seed(1))
+    m.requires_grad_(False)
+    params = {k: v.detach().clone() for k, v in m.named_parameters()}
+    g = torch.Generator().manual_seed(2)
+    return m, params, torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)
+
+
+def test_loss_term_sees_batch_logits_and_features():
+    m, params, x, y = _toy()
+    seen = []
+
+    def term(p, batch):
+        seen.append(batch)
+        return 0.0 * batch.features.sum()
+
+    cfg = TrainConfig(lr=0.1, batch_size=5)
+    a = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0), loss_terms=[LossTerm(term, needs_features=True)])
+    b = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0))
+    assert same_state(a.params, b.params)  # a zero term changes nothing; features + head == forward
+    assert [len(s.y) for s in seen] == [5, 5, 2] and all(s.features.shape == (len(s.y), 50) for s in seen)
+    first = torch.func.functional_call(m, params, (seen[0].x,))  # the first batch sees the starting parameters
+    assert torch.allclose(seen[0].logits, first) and seen[0].logits.shape == (5, 3)
+
+
+def test_loss_term_gradient_is_added():
+    """A term ``c * sum(logits)`` adds ``c`` to every logit's gradient: check one SGD step by hand."""
+    m, params, x, y = _toy()
+    cfg = TrainConfig(lr=0.5, batch_size=12)
+    c = 0.3
+    res = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0),
+                    loss_terms=[LossTerm(lambda p, b: c * b.logits.sum())])
+    w = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    out = torch.func.functional_call(m, w, (x,))
+    loss = F.cross_entropy(out, y) + c * out.sum()
+    grads = torch.autograd.grad(loss, list(w.values()))
+    want = {k: params[k] - 0.5 * g for k, g in zip(w, grads)}
+    assert all(torch.allclose(res.params[k], want[k], atol=1e-6) for k in want)
+
+
+def test_steps_instead_of_epochs():
+    m, params, x, y = _toy()
+    res = sgd_train(m, params, x, y, TrainConfig(lr=0.1, batch_size=5), torch.Generator().manual_seed(0), steps=7)
+    assert res.steps == 7 and res.samples == 5 + 5 + 2 + 5 + 5 + 2 + 5  # crosses into a third epoch
+
+
+def test_partial_training_keeps_momentum_of_untrained_tensors(tiny_fed):
+    """FedRep-style head phase then body phase: each phase's buffers survive the other (optimizer_state keep)."""
+    m, params, x, y = _toy()
+    cfg = TrainConfig(lr=0.1, momentum=0.9, batch_size=6)
+    head = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0), trainable=["fc2.weight", "fc2.bias"])
+    kept = merge_momentum(None, head.momentum)
+    body = sgd_train(m, head.params, x, y, cfg, torch.Generator().manual_seed(1), momentum=kept,
+                     trainable=["fc1.weight", "fc1.bias"])
+    kept2 = merge_momentum(kept, body.momentum)
+    assert set(kept2) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    assert torch.equal(kept2["fc2.weight"], head.momentum["fc2.weight"])  # untouched by the body phase
+    assert set(body.momentum) == {"fc1.weight", "fc1.bias"}
+
+
+def test_two_phase_client_generator_through_the_runtime(tiny_fed):
+    """A method whose client half yields two specs (head, then body) runs under the template's runtime, and
+    momentum of both phases is kept in the client state."""
+    class TwoPhase(FedAvg):
+        name = "two-phase-test"
+        client_keeps_model = True
+
+        def client_train(self, msg, cstate, ctx):
+            params = self.client_init(msg, cstate, ctx)
+            head = ctx.model.head_names()
+            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=head, stream="head")
+            cstate = self.record_training(r1, cstate, ctx)
+            body = ctx.model.body_names()
+            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=body, stream="body")
+            cstate = self.record_training(r2, cstate, ctx)
+            return self.reply(r2.params, cstate, ctx), {**cstate, "params": r2.params}
+
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=1, momentum=0.5, optimizer_state="keep")
+    sim.method = TwoPhase()
+    res = run_client(sim, 0, train_message(sim, 0))
+    assert set(res.state["momentum"]) == set(sim.run_info.init_params)
+    specs = []
+    work = sim.method.client_train(train_message(sim, 0), sim.method.init_client(sim.client_ctx(0, 0)), sim.client_ctx(0, 0))
+
+    def execute(spec):
+        specs.append(spec)
+        return TrainResult(spec.params, None, 0.0, 0, 0)
+
+    reply, _ = drive(work, execute)
+    assert [s.stream for s in specs] == ["head", "body"] and reply.metrics["num_samples"] == tiny_fed.clients[0].num_train
+
+
+def test_train_spec_defaults_from_the_template(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedprox", {"mu": 0.1}, rounds=1)
+    msg = train_message(sim, 0)
+    ctx = sim.client_ctx(0, 0)
+    spec = sim.method.train_spec(sim.method.client_init(msg, {}, ctx), msg, {}, ctx)
+    assert isinstance(spec, TrainSpec) and spec.trainable is None and spec.momentum is None
+    assert [t.name for t in spec.loss_terms] == ["proximal"] and spec.stream == "batches"
+
+
+# ------------------------------------------------------------------------------------------------ backends + config
+class Broken(FedAvg):
+    """A method whose client half fails (module level, so worker processes can unpickle it)."""
+
+    name = "broken-test"
+
+    def client_train(self, msg, cstate, ctx):
+        raise ValueError("boom")
+        yield  # a generator, like every client half
+
+
+def test_process_backend_worker_error_is_reported(tiny_fed):
+    from fedblend.core.backends import ProcessBackend
+
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=1, backend=ProcessBackend(workers=1, threads=1))
+    sim.method = Broken()
+    with sim, pytest.raises(RuntimeError, match="boom"):
+        sim.run_round()
+
+
+def test_device_backend_fields(tmp_path):
+    from fedblend.config import load_config
+
+    cfg = load_config(None, ["dataset='synthetic'", "model='mlp'", "device='auto'", "backend='processes'", "workers=3"])
+    assert cfg.resolved_device() in ("cpu", "cuda") and cfg.backend == "processes" and cfg.workers == 3
+    for bad, field in [("device='tpu'", "device"), ("backend='threads'", "backend"), ("workers=0", "workers")]:
+        with pytest.raises(ConfigError, match=field):
+            load_config(None, [bad])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="cuda"):
+            load_config(None, ["device='cuda'"]).resolved_device()
+
+
+def test_cli_runs_with_the_process_backend(tmp_path):
+    import json
+
+    from fedblend.cli.main import main
+
+    out = tmp_path / "run"
+    rc = main(["run", "--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "rounds=2", "--set",
+               "partition.num_clients=4", "--set", "partition.min_samples=5", "--backend", "processes", "--workers", "2",
+               "--threads", "1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    seq = tmp_path / "seq"
+    assert main(["run", "--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "rounds=2", "--set",
+                 "partition.num_clients=4", "--set", "partition.min_samples=5", "--threads", "1", "--quiet",
+                 "--out", str(seq)]) == 0
+    a = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (seq / "metrics.jsonl").read_text().splitlines()]
+    assert [m["acc"] for m in a] == [m["acc"] for m in b] and 'backend = "processes"' in (out / "config.toml").read_text()

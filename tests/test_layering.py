@@ -1,0 +1,138 @@
+"""The package's import structure matches the layers drawn in ``docs/architecture.md``.
+
+Every ``import`` / ``from ... import`` of a ``fedblend`` module anywhere in a source file (also inside
+functions) is an edge. A module may import only from its own layer or the layers below it, and the module graph
+has no cycle. The layer order is read from the diagram in ``docs/architecture.md`` (so the drawing and the code
+cannot drift apart).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+
+
+def layers_from_docs() -> dict[str, int]:
+    """``{package prefix: rank}`` from the fenced ``layers`` block of docs/architecture.md (top = highest)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = re.search(r"```layers\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md needs a ```layers block (one layer per line, highest first)"
+    rows = [ln.split("#")[0].split() for ln in block.group(1).strip().splitlines()]
+    rows = [r for r in rows if r]
+    return {name: len(rows) - i for i, row in enumerate(rows) for name in row}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in (SRC / "fedblend").rglob("*.py")}
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """fedblend modules imported by the module ``name`` (``from pkg import sub`` counts as ``pkg.sub``)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("fedblend")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            if not base.startswith("fedblend"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in known else base)
+    return out - {name}
+
+
+def rank(module: str, layers: dict[str, int]) -> int | None:
+    best = None
+    for prefix, r in layers.items():
+        full = f"fedblend.{prefix}"
+        if module == full or module.startswith(full + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, r)
+    return None if best is None else best[1]
+
+
+def graph() -> dict[str, set[str]]:
+    mods = all_modules()
+    return {m: imports(p, m, set(mods)) for m, p in mods.items()}
+
+
+def test_every_module_has_a_layer():
+    layers = layers_from_docs()
+    missing = sorted(m for m in all_modules() if m != "fedblend" and rank(m, layers) is None)
+    assert not missing, f"modules in no layer of docs/architecture.md: {missing}"
+
+
+def test_imports_point_down_only():
+    layers = layers_from_docs()
+    bad = []
+    for mod, deps in graph().items():
+        r = rank(mod, layers)
+        if r is None:
+            continue
+        for d in sorted(deps):
+            rd = rank(d, layers)
+            if rd is not None and rd > r:
+                bad.append(f"{mod} (layer {r}) imports {d} (layer {rd})")
+    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(g.get(n, ())):
+            if d not in g:
+                continue
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_checker_catches_an_upward_import_and_a_cycle():
+    """The checks themselves fail on a bad graph (so a green run means something)."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    layers = layers_from_docs()
+    assert rank("fedblend.core.engine", layers) > rank("fedblend.data.federated", layers)
+    assert rank("fedblend.cli.main", layers) > rank("fedblend.algorithms.fedavg", layers)
+
+
+@pytest.mark.parametrize("low,high", [("common", "data"), ("data", "core"), ("models", "core"), ("core", "algorithms"),
+                                      ("algorithms", "config"), ("config", "cli")])
+def test_documented_order(low, high):
+    layers = layers_from_docs()
+    assert layers[low] < layers[high]
