@@ -31,3 +31,15 @@ def tiny_fed():
 
     spec = PartitionSpec(kind="dirichlet", alpha=1.0, num_clients=4, min_samples=5, split="merge")
     return build_federated(make_synthetic(), spec, seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests with one torch thread: tiny tensors are faster so, the golden histories were recorded
+    so, and the process backend's workers run one thread each (use with ``pytest.mark.usefixtures``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.golden.record_synthetic import CASES
 from tests.helpers import tiny_sim, without_timings
@@ -15,12 +14,7 @@ from tests.helpers import tiny_sim, without_timings
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "synthetic.json").read_text())
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # recorded at one thread
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("key", sorted(GOLDEN))

@@ -7,7 +7,6 @@ results (isolation); the process backend gives the same results as the sequentia
 """
 
 import pytest
-import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
 from fedblend.common.codec import decode, encode
@@ -20,13 +19,7 @@ HOSTS = [m for m in sorted(METHODS) if METHODS[m].has_global and m != "fedala"]
 SPECS = sorted(METHODS) + [f"{m}+{t}" for t in sorted(TRANSFORMS) for m in HOSTS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors; and the process backend's workers run one thread each, so compare at one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -87,11 +87,6 @@ class Simulation:
     def client_ctx(self, cid: int, rnd: int, phase: str = "train") -> ClientCtx:
         return self.client_runtime().ctx(cid, rnd, phase)
 
-    def client_state(self, cid: int) -> State:
-        """Client ``cid``'s stored state, or the state its client half starts from (not stored)."""
-        st = self.store.get(cid)
-        return st if st is not None else self.method.init_client(self.client_ctx(cid, self.next_round))
-
     def _run_jobs(self, jobs: list[ClientJob]) -> list[ClientResult]:
         if not self._started:
             self.backend.start(self.method, self.run_info, dict(enumerate(self.fed.clients)), self.tree)
