@@ -223,3 +223,10 @@ def test_cli_runs_with_the_process_backend(tmp_path):
     a = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (seq / "metrics.jsonl").read_text().splitlines()]
     assert [m["acc"] for m in a] == [m["acc"] for m in b] and 'backend = "processes"' in (out / "config.toml").read_text()
+
+
+def test_own_loop_is_declared():
+    from fedblend.algorithms import build_method
+
+    assert not build_method("fedprox").has_own_loop
+    assert build_method("fedprox+ala").has_own_loop and build_method("fedala").has_own_loop

@@ -193,6 +193,7 @@ class ALA(ClientTransform):
     options_cls = ALAOptions
     needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
     requires_global = True  # theta_global of Eq. 2: a global model to blend from
+    own_loop = True  # W is learned by its own loop (Eq. 5), plain code on the client before the TrainSpec
 
     def init_state(self) -> State:
         return {"weights": None, "initial_done": False, "history": []}

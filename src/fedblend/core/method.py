@@ -132,6 +132,9 @@ class ClientTransform:
     needs_local_model: ClassVar[bool] = False
     #: the transform blends with a global model, so the method must have one
     requires_global: ClassVar[bool] = False
+    #: the transform runs its own optimisation loop as plain code on the client (ALA's weight learning), so a
+    #: backend that batches TrainSpecs across clients cannot batch that part
+    own_loop: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):
         self.opts = options if options is not None else self.options_cls()
@@ -169,6 +172,9 @@ class Method:
     #: whether the client half keeps its model between rounds (a private head, a local model); methods whose
     #: clients always start from what they receive (FedAvg, FedALP) set False and store nothing
     client_keeps_model: ClassVar[bool] = True
+    #: the client half runs an optimisation loop of its own as plain code besides its TrainSpecs (Per-FedAvg,
+    #: pFedMe inner solvers); a batching backend runs such clients one by one
+    client_own_loop: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
@@ -183,6 +189,11 @@ class Method:
     def keeps_model(self) -> bool:
         """The client state holds the client's model: the method needs it, or one of its transforms does."""
         return self.client_keeps_model or any(t.needs_local_model for t in self.transforms)
+
+    @property
+    def has_own_loop(self) -> bool:
+        """Some client work is plain code outside TrainSpecs (the method's or a transform's own loop)."""
+        return self.client_own_loop or any(t.own_loop for t in self.transforms)
 
     @property
     def sequential_server(self) -> bool:
