@@ -75,7 +75,7 @@ def test_sgd_train_trainable_subset_freezes_the_rest():
 def test_fedprox_proximal_gradient():
     anchor = {"w": torch.tensor([1.0, -1.0])}
     w = torch.tensor([3.0, 0.0], requires_grad=True)
-    loss = proximal_term(anchor, mu=0.5).fn({"w": w}, None)
+    loss = proximal_term(anchor, mu=0.5)({"w": w}, None)
     (g,) = torch.autograd.grad(loss, w)
     assert torch.allclose(loss, torch.tensor(0.25 * (4 + 1)))
     assert torch.allclose(g, 0.5 * (w.detach() - anchor["w"]))

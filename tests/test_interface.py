@@ -84,12 +84,13 @@ def test_loss_term_sees_batch_logits_and_features():
     m, params, x, y = _toy()
     seen = []
 
-    def term(p, batch):
+    def term(p, batch, scale):
         seen.append(batch)
-        return 0.0 * batch.features.sum()
+        return scale * batch.features.sum()
 
     cfg = TrainConfig(lr=0.1, batch_size=5)
-    a = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0), loss_terms=[LossTerm(term, needs_features=True)])
+    a = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0),
+                  loss_terms=[LossTerm(term, {"scale": 0.0}, needs_features=True)])
     b = sgd_train(m, params, x, y, cfg, torch.Generator().manual_seed(0))
     assert same_state(a.params, b.params)  # a zero term changes nothing; features + head == forward
     assert [len(s.y) for s in seen] == [5, 5, 2] and all(s.features.shape == (len(s.y), 50) for s in seen)

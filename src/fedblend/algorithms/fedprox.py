@@ -18,14 +18,14 @@ class FedProxOptions:
     mu: float = 0.01  # proximal coefficient (FedALA appendix: 0.001 on MNIST-like, tuned per dataset)
 
 
+def proximal_loss(params: Params, batch, anchor: Params, mu: float) -> torch.Tensor:
+    """FedProx Eq. 2: ``mu/2 * sum ||w - anchor||^2`` over the anchor's tensors."""
+    return 0.5 * mu * sum(((params[k] - v) ** 2).sum() for k, v in anchor.items())
+
+
 def proximal_term(anchor: Params, mu: float) -> LossTerm:
-    """``mu/2 * sum ||w - anchor||^2`` over the anchor's tensors (FedProx Eq. 2), as a loss term."""
-    frozen = {k: v.detach() for k, v in anchor.items()}
-
-    def loss(params: Params, batch) -> torch.Tensor:
-        return 0.5 * mu * sum(((params[k] - v) ** 2).sum() for k, v in frozen.items())
-
-    return LossTerm(loss, name="proximal")
+    """:func:`proximal_loss` as a loss term (its anchor frozen), for any method with a proximal pull."""
+    return LossTerm(proximal_loss, {"anchor": {k: v.detach() for k, v in anchor.items()}, "mu": mu}, name="proximal")
 
 
 @register_method

@@ -54,11 +54,20 @@ class Batch:
 
 @dataclass(frozen=True)
 class LossTerm:
-    """An extra term of the training loss: ``fn(params, batch) -> scalar`` added to the cross-entropy."""
+    """An extra term of the training loss, ``fn(params, batch, **args) -> scalar``, added to the cross-entropy.
 
-    fn: Callable[[Params, Batch], torch.Tensor]
+    ``fn`` should be a module-level function and ``args`` its data (tensors, parameter dicts, numbers): a term is
+    then plain data that a backend can batch across clients (stacking each client's ``args``) or send to
+    another process. ``needs_features`` asks for the body's output in ``batch.features``.
+    """
+
+    fn: Callable[..., torch.Tensor]
+    args: dict = field(default_factory=dict)
     needs_features: bool = False
     name: str = "extra"
+
+    def __call__(self, params: Params, batch: Batch) -> torch.Tensor:
+        return self.fn(params, batch, **self.args)
 
 
 @dataclass
@@ -142,7 +151,7 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
         if loss_terms:
             batch = Batch(xb, yb, out, feats)
             for term in loss_terms:
-                total_loss = total_loss + term.fn(work, batch)
+                total_loss = total_loss + term(work, batch)
         grads = torch.autograd.grad(total_loss, leaves)
         with torch.no_grad():
             for n, p, g in zip(names, leaves, grads):
