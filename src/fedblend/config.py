@@ -201,8 +201,10 @@ def check_cross_fields(cfg: RunConfig, partition_given: set[str] = frozenset()) 
         which = "eval.split" if cfg.eval.split == "val" else "eval.select"
         raise ConfigError(f"{which} = 'val' needs validation data, which only partition.split = "
                           f"'train_val_test' has; got partition.split = {split!r}")
+    default = PartitionSpec()
     for name in sorted(partition_given & set(SPLIT_ONLY)):
-        if split not in SPLIT_ONLY[name]:
+        # the default value is accepted anywhere, so a resolved config.toml (every field written) loads again
+        if split not in SPLIT_ONLY[name] and getattr(cfg.partition, name) != getattr(default, name):
             raise ConfigError(f"partition.{name} applies only to partition.split = "
                               f"{' or '.join(repr(s) for s in SPLIT_ONLY[name])}; got partition.split = {split!r}")
     if cfg.device == "cuda" and cfg.backend == "processes":
