@@ -43,7 +43,7 @@ import torch
 
 import fedblend
 from fedblend.common.errors import (
-    CheckpointError,
+    CheckpointMissingError,
     ConfigError,
     NonFiniteError,
     ResumeMismatchError,
@@ -142,8 +142,8 @@ def check_out_dir(out: Path, resume: bool, force: bool) -> None:
         raise ConfigError(f"--out {out}: cannot create or write it ({anc} is not a writable directory)")
     if resume:
         if not (out / FILENAME).is_file():
-            raise CheckpointError(f"--resume: no checkpoint at {out / FILENAME} (checkpoint_every = 0, or the run "
-                                  f"stopped before its first checkpoint); start again with --force")
+            raise CheckpointMissingError(f"--resume: no checkpoint at {out / FILENAME} (checkpoint_every = 0, or the "
+                                         f"run stopped before its first checkpoint); start again with --force")
         return
     files = holds_run(out)
     if files and not force:

@@ -28,6 +28,10 @@ class CheckpointError(FedblendError):
     """A checkpoint that is missing, unreadable or not a fedblend checkpoint."""
 
 
+class CheckpointMissingError(CheckpointError, FileNotFoundError):
+    """``--resume`` where no checkpoint was written."""
+
+
 class DataError(FedblendError):
     """A dataset file that exists but cannot be read (truncated, wrong format, no permission)."""
 

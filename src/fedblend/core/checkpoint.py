@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import TREE, decode, encode
-from fedblend.common.errors import CheckpointError
+from fedblend.common.errors import CheckpointError, CheckpointMissingError
 
 FILENAME = "checkpoint.pt"
 
@@ -32,7 +32,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The run state saved at ``path``; :class:`CheckpointError` when it is missing, unreadable or corrupt."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
+        raise CheckpointMissingError(f"no checkpoint at {path}")
     try:
         arrays = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(arrays, dict) or TREE not in arrays:
