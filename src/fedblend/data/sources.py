@@ -70,12 +70,13 @@ def md5sum(path: Path, chunk: int = 1 << 20) -> str:
 def download_verified(url: str, path: Path, md5: str | None) -> None:
     """Download ``url`` to ``path`` through a temporary name (``<name>.part``) that is renamed to ``path`` only
     after its md5 matches, so a failed or corrupt download never sits under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=30) as r, open(tmp, "wb") as f:
-            while block := r.read(1 << 20):
-                f.write(block)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            path.parent.mkdir(parents=True, exist_ok=True)  # only once the source answers
+            with open(tmp, "wb") as f:
+                while block := r.read(1 << 20):
+                    f.write(block)
         if md5 is not None and (got := md5sum(tmp)) != md5:
             raise ChecksumError(f"the download of {path.name} from {url} has md5 {got}, expected {md5}; it was "
                                 f"discarded (nothing was written to {path}). Try again or fetch it yourself.")
