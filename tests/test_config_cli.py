@@ -52,7 +52,7 @@ def test_cli_run_report_and_error_exit(tmp_path, capsys):
     assert '"best_accuracy"' in out
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     table = (tmp_path / "rep" / "table.md").read_text()
-    assert "| synthetic-dirichlet-fedavg | 2 | 2 |" in table and "±" in table
+    assert "| synthetic-dirichlet-fedavg | " in table and " | 2 | 2 |" in table and "±" in table
     assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 1000
     rows = json.loads((tmp_path / "rep" / "table.json").read_text())
     assert rows[0]["seeds"] == [0, 1]

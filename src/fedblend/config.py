@@ -11,6 +11,7 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     device = "cpu"             # "cpu", "cuda" or "auto" (cuda when available)
     backend = "sequential"     # how client halves run: "sequential" or "processes" (worker processes)
     workers = 2                # worker processes of the "processes" backend
+    on_nonfinite = "stop"      # a client update with NaN/inf: "stop" the run, or "skip" that client's update
     [partition] ...            # fedblend.data.federated.PartitionSpec
     [train] ...                # fedblend.core.training.TrainConfig
     [sampling] ...             # fedblend.core.sampling.SamplingConfig
@@ -20,24 +21,32 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
 
 ``--set key=value`` overrides any field (``--set rounds=5 --set partition.alpha=0.5``); values are parsed as
 TOML (numbers, booleans, quoted strings) and fall back to plain strings.
+
+Every field is checked here, before any data is loaded or file written: its type, its choices, its range
+(``RANGES`` of each table's dataclass, ``SCALAR_RANGES`` here) and the cross-field rules of
+:func:`check_cross_fields`. :meth:`RunConfig.resolved` is the config with every default filled in (method and
+transform tables included); :func:`config_hash` identifies it, and :func:`config_diff` lists what differs
+between two resolved configs (``--resume`` refuses a differing one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
-from fedblend.common.options import ConfigError, from_table, to_table
+from fedblend.common.options import ConfigError, check_value, from_table, to_table
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
-from fedblend.data.sources import DATASETS
-from fedblend.models.zoo import MODELS
+from fedblend.data.sources import DATASETS, INPUTS
+from fedblend.models.zoo import MODELS, build_model
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,9 +55,19 @@ else:  # pragma: no cover
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol}
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
-           "name": str, "device": str, "backend": str, "workers": int}
+           "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str}
 DEVICES = ("cpu", "cuda", "auto")
 BACKEND_NAMES = ("sequential", "processes")
+NONFINITE_POLICIES = ("stop", "skip")
+SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
+                  "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES}
+SCALAR_RANGES = {"rounds": ">= 1", "seed": ">= 0", "checkpoint_every": ">= 0", "workers": ">= 1"}
+# Fields that change how a run executes but not its results: they may differ on --resume and are left out of
+# the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result).
+RUNTIME_ONLY = ("backend", "workers")
+# [partition] fields that apply to some splits only: setting one for another split is an error.
+SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("train_val_test",),
+              "test_per_client": ("official",), "min_test_samples": ("official",)}
 
 
 @dataclass
@@ -63,6 +82,7 @@ class RunConfig:
     device: str = "cpu"
     backend: str = "sequential"
     workers: int = 2
+    on_nonfinite: str = "stop"
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -81,6 +101,16 @@ class RunConfig:
         out["options"] = dict(self.options)
         for t, tbl in self.transforms.items():
             out[t] = dict(tbl)
+        return out
+
+    def resolved(self) -> dict[str, Any]:
+        """The config with every default filled in, the method's ``options`` and each transform's table
+        included: what ``config.toml``, ``summary.json`` and the checkpoint record, and what the hash covers."""
+        out = self.to_dict()
+        base, parts = parse_method(self.method)
+        out["options"] = _plain(to_table(from_table(METHODS[base].options_cls, self.options, "options")))
+        for p in parts:
+            out[p] = _plain(to_table(from_table(TRANSFORMS[p].options_cls, self.transforms.get(p), p)))
         return out
 
     def build_method(self):
@@ -126,29 +156,20 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
     kwargs: dict[str, Any] = {}
     for k, tp in SCALARS.items():
         if k in raw:
-            v = raw.pop(k)
-            if tp is int and (isinstance(v, bool) or not isinstance(v, int)):
-                raise ConfigError(f"{k} must be an integer, got {v!r}")
-            if tp is str and not isinstance(v, str):
-                raise ConfigError(f"{k} must be a string, got {v!r}")
-            kwargs[k] = v
+            choices = SCALAR_CHOICES.get(k)
+            if k in ("dataset", "model"):  # listed sorted in the message
+                choices = tuple(sorted(choices))
+            kwargs[k] = check_value(raw.pop(k), tp, k, choices, SCALAR_RANGES.get(k))
     method = kwargs.get("method", "fedavg")
     try:
         base, parts = parse_method(method)
     except ValueError as exc:
         raise ConfigError(f"method: {exc}") from exc
-    if kwargs.get("dataset", "fmnist") not in list(DATASETS) + ["synthetic"]:
-        raise ConfigError(f"dataset must be one of {sorted(DATASETS) + ['synthetic']}, got {kwargs['dataset']!r}")
-    if kwargs.get("model", "lenet5") not in MODELS:
-        raise ConfigError(f"model must be one of {sorted(MODELS)}, got {kwargs['model']!r}")
-    if kwargs.get("device", "cpu") not in DEVICES:
-        raise ConfigError(f"device must be one of {list(DEVICES)}, got {kwargs['device']!r}")
-    if kwargs.get("backend", "sequential") not in BACKEND_NAMES:
-        raise ConfigError(f"backend must be one of {list(BACKEND_NAMES)}, got {kwargs['backend']!r}")
-    if kwargs.get("workers", 2) < 1:
-        raise ConfigError(f"workers must be >= 1, got {kwargs['workers']}")
-    if kwargs.get("rounds", 1) < 1:
-        raise ConfigError(f"rounds must be >= 1, got {kwargs['rounds']}")
+    for name in [*TABLES, "options", *parts]:
+        if name in raw and not isinstance(raw[name], dict):
+            raise ConfigError(f"{name} must be a table (e.g. [{name}] in the file, or --set {name}.FIELD=VALUE), "
+                              f"got {raw[name]!r}")
+    given = {name: set(raw.get(name, {})) for name in TABLES}
     for name, cls in TABLES.items():
         kwargs[name] = from_table(cls, raw.pop(name, {}), name)
     kwargs["options"] = raw.pop("options", {})
@@ -162,7 +183,88 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         allowed = sorted(list(SCALARS) + list(TABLES) + ["options"] + parts)
         hint = f" (a table for transform {key!r} needs it in method, e.g. 'fedavg+{key}')" if key in TRANSFORMS else ""
         raise ConfigError(f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}")
-    return RunConfig(**kwargs)
+    cfg = RunConfig(**kwargs)
+    try:
+        cfg.build_method()  # composition rules (e.g. a transform that needs a global model)
+    except ValueError as exc:
+        raise ConfigError(f"method: {exc}") from exc
+    check_cross_fields(cfg, given["partition"])
+    return cfg
+
+
+def check_cross_fields(cfg: RunConfig, partition_given: set[str] = frozenset()) -> None:
+    """Rules between fields: the model fits the dataset, evaluation on validation data needs a split that has
+    it, and split-specific ``[partition]`` options (``partition_given``: the ones set explicitly) match the
+    split."""
+    split = cfg.partition.split
+    if "val" in (cfg.eval.split, cfg.eval.select) and split != "train_val_test":
+        which = "eval.split" if cfg.eval.split == "val" else "eval.select"
+        raise ConfigError(f"{which} = 'val' needs validation data, which only partition.split = "
+                          f"'train_val_test' has; got partition.split = {split!r}")
+    default = PartitionSpec()
+    for name in sorted(partition_given & set(SPLIT_ONLY)):
+        # the default value is accepted anywhere, so a resolved config.toml (every field written) loads again
+        if split not in SPLIT_ONLY[name] and getattr(cfg.partition, name) != getattr(default, name):
+            raise ConfigError(f"partition.{name} applies only to partition.split = "
+                              f"{' or '.join(repr(s) for s in SPLIT_ONLY[name])}; got partition.split = {split!r}")
+    if cfg.device == "cuda" and cfg.backend == "processes":
+        raise ConfigError("backend = 'processes' runs on CPU only; got device = 'cuda' (use backend = "
+                          "'sequential' or device = 'cpu')")
+
+
+def check_model_fits(model: str, dataset: str) -> None:
+    """The model accepts the dataset's samples (text vs image, image size), from :data:`INPUTS` alone: a
+    model built for the dataset's shape runs one zero sample. Checked before a run (not by ``partition``,
+    which builds no model)."""
+    kind, shape = INPUTS[dataset]
+    wants = "text" if model == "fasttext" else "image"
+    if kind != wants:
+        raise ConfigError(f"model {model!r} needs {wants} data; dataset {dataset!r} is {kind} "
+                          f"(choose {'fasttext' if kind == 'text' else 'an image model'})")
+    if shape is None:
+        return
+    import torch
+
+    c, side = shape
+    info = {"in_channels": c, "image_size": side, "num_classes": 2, "input_shape": (c, side, side)}
+    try:
+        with torch.no_grad():
+            build_model(model, info)(torch.zeros(1, c, side, side))
+    except RuntimeError as exc:
+        raise ConfigError(f"model {model!r} does not fit dataset {dataset!r} ({c}x{side}x{side} images): "
+                          f"{str(exc).splitlines()[0]}") from exc
+
+
+def config_hash(resolved: dict[str, Any]) -> str:
+    """Short sha256 of a resolved config without the runtime-only fields (same results, same hash)."""
+    core = {k: v for k, v in resolved.items() if k not in RUNTIME_ONLY}
+    text = json.dumps(core, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+    """``"field: old -> new"`` for every dotted field that differs between two resolved configs."""
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
+            if k not in ignore and a.get(k, _UNSET) != b.get(k, _UNSET)]
+
+
+_UNSET = object()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _plain(table: dict[str, Any]) -> dict[str, Any]:
+    """A table as TOML / JSON can hold it: tuples as lists, unset (None) fields left out."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in table.items() if v is not None}
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -200,3 +302,51 @@ def dump_toml(data: dict[str, Any]) -> str:
 
 def fields_of(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
+
+
+# ------------------------------------------------------------------------------------------------ docs
+SCALAR_ALLOWED = {"method": "a registered method, optionally `+transform` (`fedblend methods`)",
+                  "name": "string"}
+
+
+def _fmt_default(v: Any) -> str:
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "`true`" if v else "`false`"
+    if isinstance(v, str):
+        return f'`"{v}"`'
+    if isinstance(v, (list, tuple)):
+        return "`[" + ", ".join(map(str, v)) + "]`"
+    return f"`{v!r}`"
+
+
+def _scalar_allowed(name: str) -> str:
+    if name in SCALAR_ALLOWED:
+        return SCALAR_ALLOWED[name]
+    if name in SCALAR_CHOICES:
+        return " / ".join(f"`{c}`" for c in SCALAR_CHOICES[name])
+    return f"{SCALARS[name].__name__} {SCALAR_RANGES[name]}" if name in SCALAR_RANGES else SCALARS[name].__name__
+
+
+def field_docs() -> dict[str, list[tuple[str, str, str]]]:
+    """``{section heading: [(field, default, allowed), ...]}`` for every field a run config accepts, from the
+    code (types, ``CHOICES``, ``RANGES``): ``docs/config.md`` lists exactly these (``tests/test_config_docs.py``
+    compares them), so the documented ranges cannot drift from the checked ones."""
+    from fedblend.common.options import allowed_text
+
+    default = RunConfig()
+    out = {"Top level": [(k, _fmt_default(getattr(default, k)), _scalar_allowed(k)) for k in SCALARS]}
+
+    def table(cls: type) -> list[tuple[str, str, str]]:
+        return [(f.name, _fmt_default(f.default), allowed_text(cls, f.name)) for f in dataclasses.fields(cls)]
+
+    for name, cls in TABLES.items():
+        out[f"`[{name}]`"] = table(cls)
+    for name, mcls in sorted(METHODS.items()):
+        if dataclasses.fields(mcls.options_cls):
+            out[f"`[options]` of `{name}`"] = table(mcls.options_cls)
+    for name, tcls in sorted(TRANSFORMS.items()):
+        if dataclasses.fields(tcls.options_cls):
+            out[f"`[{name}]` (transform `+{name}`)"] = table(tcls.options_cls)
+    return out

@@ -2,33 +2,64 @@
 
 Results directory (the run contract other tools rely on)::
 
-    config.toml        the resolved config (every default filled in)
+    config.toml        the resolved config (every default filled in, method and transform tables included),
+                       headed by comments with its hash and the run identity
     partition.json     per-client sample indices, class counts and the partition spec (reloadable)
     partition.txt      the per-client class-count table
-    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...)
+    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...);
+                       a run stopped by a non-finite update ends with a row saying so
     metrics.csv        the scalar columns of metrics.jsonl
-    summary.json       best_accuracy, final_accuracy, best_round, global_accuracy (if a global model exists),
-                       rounds, seconds_per_round, seed, method, protocol, ...
-    checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it)
+    summary.json       status ("finished" or "stopped"), best_accuracy, final_accuracy, best_round,
+                       global_accuracy (if a global model exists), rounds, seconds_per_round, seed, method,
+                       protocol, config_hash and run (the identity: resolved config, versions, git commit,
+                       device, threads)
+    checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
+                       the identity it was written under
+
+Every results file is strict JSON (non-finite numbers as null). Before anything is loaded or written the
+model is checked against the dataset, the output directory is checked (a directory holding a run needs
+``resume`` or ``force``; an unwritable place fails) and, on ``resume``, the checkpoint's config is compared
+with this one (only ``rounds`` may grow; the runtime-only ``backend`` / ``workers`` may differ). A fresh run
+that fails before its first round leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
+import os
+import platform
+import shutil
+import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedblend.config import RunConfig, dump_toml
+import numpy as np
+import torch
+
+import fedblend
+from fedblend.common.errors import (
+    CheckpointMissingError,
+    ConfigError,
+    NonFiniteError,
+    ResumeMismatchError,
+    RunExistsError,
+    RunInterrupted,
+)
+from fedblend.common.jsonio import dumps
+from fedblend.config import RUNTIME_ONLY, RunConfig, check_model_fits, config_diff, config_hash, dump_toml
 from fedblend.core.backends import make_backend
-from fedblend.core.checkpoint import FILENAME
+from fedblend.core.checkpoint import FILENAME, load_checkpoint
 from fedblend.core.engine import Simulation
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
+
+RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
+             FILENAME)
 
 
 def build_data(cfg: RunConfig, data_dir: str | Path | None = None) -> FederatedData:
@@ -36,20 +67,158 @@ def build_data(cfg: RunConfig, data_dir: str | Path | None = None) -> FederatedD
     return build_federated(raw, cfg.partition, cfg.seed)
 
 
+# ------------------------------------------------------------------------------------------------ identity
+def git_commit() -> str | None:
+    """The commit of the checkout fedblend is imported from (``+dirty`` with uncommitted changes), or None."""
+    src = Path(fedblend.__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
+    """What produced a result: the resolved config and its hash, versions, git commit, device, threads."""
+    resolved = cfg.resolved()
+    return {"config_hash": config_hash(resolved), "config": resolved, "fedblend": fedblend.__version__,
+            "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
+            "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads()}
+
+
+def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
+    """Refuse to continue a checkpoint under a different config (listing the differing fields); only
+    ``rounds`` may grow, and the runtime-only fields may differ. Warns when the thread count differs (results
+    are bit-identical only at the same per-process thread count)."""
+    old = (ck.get("extra") or {}).get("identity")
+    if not old:
+        raise ResumeMismatchError(f"{ck_path} records no config (written by an older fedblend), so --resume "
+                                  f"cannot check it continues the same run; start again with --force")
+    new = cfg.resolved()
+    diffs = config_diff(old["config"], new, ignore=RUNTIME_ONLY + ("rounds",))
+    if new["rounds"] < old["config"]["rounds"]:
+        diffs.append(f"rounds: {old['config']['rounds']!r} -> {new['rounds']!r} (a resumed run can only be "
+                     f"extended)")
+    if diffs:
+        raise ResumeMismatchError(f"--resume: the config differs from the one {ck_path.parent} was run with: "
+                                  f"{'; '.join(diffs)}. Resume with {ck_path.parent / 'config.toml'} (plus a "
+                                  f"larger rounds), or start a new run (another --out, or --force)")
+    if old.get("threads") != torch.get_num_threads():
+        warnings.warn(f"resuming with {torch.get_num_threads()} threads, the run used {old.get('threads')}: "
+                      f"results may differ from an uninterrupted run in the last bits (use --threads "
+                      f"{old.get('threads')})", RuntimeWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------ results dir
+def holds_run(out: Path) -> list[str]:
+    """The run files in ``out`` (empty when it is not a run directory)."""
+    return [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
+
+
+def default_out_dir(cfg: RunConfig, base: str | Path = "runs") -> Path:
+    """``runs/<label>-seed<N>``, or the first of ``...-2``, ``...-3``, ... that holds no run: a run without
+    ``--out`` never lands on an earlier one."""
+    stem = Path(base) / f"{cfg.label}-seed{cfg.seed}"
+    out, k = stem, 1
+    while holds_run(out) or (out.exists() and not out.is_dir()):
+        k += 1
+        out = stem.with_name(f"{stem.name}-{k}")
+    return out
+
+
+def check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    """Fail before anything is written when ``out`` cannot hold this run (see module docstring)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory")
+    anc = out
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: cannot create or write it ({anc} is not a writable directory)")
+    if resume:
+        if not (out / FILENAME).is_file():
+            raise CheckpointMissingError(f"--resume: no checkpoint at {out / FILENAME} (checkpoint_every = 0, or the "
+                                         f"run stopped before its first checkpoint); start again with --force")
+        return
+    files = holds_run(out)
+    if files and not force:
+        raise RunExistsError(f"{out} already holds a run ({', '.join(files)}); use --resume to continue it, "
+                             f"--force to replace it, or another --out")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` through a temporary file and a rename, so a failed write leaves the old file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _clear(out: Path, created: bool) -> None:
+    """Remove what a failed fresh run wrote: the directory it created, or its run files."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        for f in RUN_FILES:
+            (out / f).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def selection(evals: list[dict], select: str = "test", report: str = "best") -> dict[str, Any]:
+    """The headline numbers of a history's evaluated rounds: best and final test accuracy, and with
+    ``select = "val"`` the test accuracy at the round with the best validation accuracy (the first such
+    round on ties); ``accuracy`` is the headline."""
+    if not evals:
+        return {"best_accuracy": None, "best_round": None, "final_accuracy": None, "accuracy": None}
+    best = max(evals, key=lambda m: m["acc"])
+    final = evals[-1]
+    out = {"best_accuracy": best["acc"], "best_round": best["round"], "final_accuracy": final["acc"]}
+    if select == "val":
+        chosen = max(evals, key=lambda m: m["val_acc"])
+        out.update(selected_round=chosen["round"], val_accuracy_at_selected=chosen["val_acc"],
+                   test_accuracy_at_best_val=chosen["acc"], accuracy=chosen["acc"])
+    else:
+        out["accuracy"] = out["best_accuracy"] if report == "best" else out["final_accuracy"]
+    return out
+
+
+def _protocol(cfg: RunConfig, sim: Simulation) -> dict[str, Any]:
+    p = sim.protocol
+    if p.select == "val":
+        headline = ("test accuracy at the round with the best validation accuracy (eval.select = 'val'); best "
+                    "and final test accuracy are recorded beside it")
+    else:
+        headline = (f"{p.report} round's test accuracy, picked on the test split itself (eval.select = 'test'); "
+                    f"set eval.select = 'val' to pick the round on validation data" if p.split == "test"
+                    else f"{p.report} round's accuracy on the validation split")
+    return {
+        "personalized_model": sim.method.describe_eval(),
+        "when": "after each round's aggregation (every eval.every rounds and the last)",
+        "split": p.split,
+        "accuracy": "pooled over clients: sum correct / sum samples",
+        "headline": headline,
+        "selection": p.select,
+        "sampling": cfg.sampling.scheme,
+    }
+
+
 def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
     evals = [m for m in sim.history if "acc" in m]
-    best = max(evals, key=lambda m: m["acc"]) if evals else {}
     final = evals[-1] if evals else {}
+    sel = selection(evals, sim.protocol.select, sim.protocol.report)
     out: dict[str, Any] = {
+        "status": "finished",
         "method": cfg.method,
         "label": cfg.label,
         "dataset": cfg.dataset,
         "model": cfg.model,
         "seed": cfg.seed,
         "rounds": sim.next_round,
-        "best_accuracy": best.get("acc"),
-        "best_round": best.get("round"),
-        "final_accuracy": final.get("acc"),
+        **{k: v for k, v in sel.items() if k != "accuracy"},
         "final_acc_client_mean": final.get("acc_client_mean"),
         "final_acc_client_std": final.get("acc_client_std"),
         "final_loss": final.get("loss"),
@@ -59,74 +228,131 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         "wall_seconds": wall,
         "bytes_down_per_round": _mean([sum(m["bytes_down"]) for m in sim.history]),
         "bytes_up_per_round": _mean([sum(m["bytes_up"]) for m in sim.history]),
-        "protocol": {
-            "personalized_model": sim.method.describe_eval(),
-            "when": "after each round's aggregation (every eval.every rounds and the last)",
-            "split": sim.protocol.split,
-            "accuracy": "pooled over clients: sum correct / sum samples",
-            "headline": sim.protocol.report,
-            "sampling": cfg.sampling.scheme,
-        },
+        "on_nonfinite": sim.on_nonfinite,
+        "nonfinite_skipped": [{"round": m["round"], "clients": m["nonfinite_clients"]}
+                              for m in sim.history if m.get("nonfinite_clients")],
+        "protocol": _protocol(cfg, sim),
     }
     if evals and "global_acc" in evals[0]:
         gbest = max(evals, key=lambda m: m["global_acc"])
         out.update(global_accuracy=gbest["global_acc"] if sim.protocol.report == "best" else final["global_acc"],
                    global_best_accuracy=gbest["global_acc"], global_best_round=gbest["round"],
                    global_final_accuracy=final["global_acc"])
-    out["accuracy"] = out["best_accuracy"] if sim.protocol.report == "best" else out["final_accuracy"]
+    out["accuracy"] = sel["accuracy"]
     return out
 
 
+# ------------------------------------------------------------------------------------------------ the run
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
                    resume: bool = False, progress: Callable[[dict, Simulation], None] | None = None,
-                   stop_after: int | None = None) -> dict[str, Any]:
-    """Run ``cfg`` writing results under ``out_dir``; ``resume`` continues from ``out_dir/checkpoint.pt``.
+                   stop_after: int | None = None, force: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` writing results under ``out_dir``; ``resume`` continues from ``out_dir/checkpoint.pt``,
+    ``force`` replaces a run already there.
 
-    ``stop_after`` ends the call after that many rounds (checkpointing as configured), to emulate a killed run.
+    Raises the typed errors of :mod:`fedblend.common.errors` (and the data layer's) for every expected failure;
+    Ctrl-C becomes :class:`RunInterrupted` saying how to resume. ``stop_after`` ends the call after that many
+    rounds (checkpointing as configured), to emulate a killed run.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_model_fits(cfg.model, cfg.dataset)
+    device = cfg.resolved_device()
+    check_out_dir(out, resume, force)
     ck_path = out / FILENAME
-    if resume and not ck_path.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint at {ck_path}")
+    ck = load_checkpoint(ck_path) if resume else None
+    if ck is not None:
+        check_resume(ck, cfg, ck_path)
+    identity = run_identity(cfg, device)
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
     fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved)
-    method = cfg.build_method()
-    sim = Simulation.create(method, fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling, cfg.eval,
-                            backend=make_backend(cfg.backend, cfg.workers), device=cfg.resolved_device())
-    if resume:
-        sim.restore(ck_path)
-    else:
-        (out / "config.toml").write_text(dump_toml(cfg.to_dict()))
-        fed.save(part_path)
-        (out / "partition.txt").write_text(fed.table() + "\n")
-        (out / "metrics.jsonl").write_text("")
+    sim = Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling,
+                            cfg.eval, backend=make_backend(cfg.backend, cfg.workers), device=device,
+                            on_nonfinite=cfg.on_nonfinite)
+    created = not out.exists()
+    start = 0
+    try:
+        if ck is not None:
+            sim.restore(ck_path, ck)
+            start = sim.next_round
+            _rewrite_metrics(out, sim.history)  # metrics.jsonl must end at the checkpoint's round
+        else:
+            if not created:
+                _clear(out, created=False)  # --force: no file of the old run survives
+            out.mkdir(parents=True, exist_ok=True)
+            fed.save(part_path)
+            (out / "partition.txt").write_text(fed.table() + "\n")
+            (out / "metrics.jsonl").write_text("")
+        _write(out / "config.toml", config_header(identity) + dump_toml(identity["config"]))
+        summary = _run_loop(cfg, sim, out, identity, progress, stop_after)
+    except BaseException as exc:
+        # a fresh run that recorded nothing leaves nothing behind (a non-finite stop keeps its summary)
+        fresh_nothing_done = ck is None and sim.next_round == 0 and not isinstance(exc, NonFiniteError)
+        if fresh_nothing_done:
+            _clear(out, created)
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
+            raise RunInterrupted(_interrupted(cfg, sim, out, start, fresh_nothing_done), sim.next_round) from None
+        raise
+    return summary
+
+
+def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progress, stop_after) -> dict:
     t0 = time.perf_counter()
     done = 0
 
     def on_round(m: dict) -> None:
         nonlocal done
         with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(m) + "\n")
+            f.write(dumps(m) + "\n")
         done += 1
         if progress is not None:
             progress(m, sim)
         if stop_after is not None and done >= stop_after and sim.next_round < cfg.rounds:
             raise _Stop()
 
-    if resume:  # metrics.jsonl must end at the checkpoint's round
-        _rewrite_metrics(out, sim.history)
     try:
         with sim:
-            sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every)
+            sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every,
+                    extra_state={"identity": identity})
     except _Stop:
         return {"stopped_at": sim.next_round}
+    except NonFiniteError as exc:
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(dumps({"round": exc.round, "stopped": "nonfinite", "nonfinite_clients": [exc.client],
+                           "tensor": exc.tensor, "on_nonfinite": "stop"}) + "\n")
+        summary = summarize(cfg, sim, time.perf_counter() - t0)
+        summary.update(status="stopped", stop_reason=str(exc),
+                       nonfinite={"round": exc.round, "client": exc.client, "tensor": exc.tensor})
+        _finish(out, sim, summary, identity)
+        raise
     summary = summarize(cfg, sim, time.perf_counter() - t0)
-    _write_csv(out / "metrics.csv", sim.history)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _finish(out, sim, summary, identity)
     return summary
+
+
+def _finish(out: Path, sim: Simulation, summary: dict, identity: dict) -> None:
+    summary.update(config_hash=identity["config_hash"], run=identity)
+    _write_csv(out / "metrics.csv", sim.history)
+    _write(out / "summary.json", dumps(summary, indent=2) + "\n")
+
+
+def config_header(identity: dict) -> str:
+    """Comment lines heading ``config.toml``: the hash and what produced the run (TOML ignores them)."""
+    keys = ("config_hash", "fedblend", "torch", "numpy", "python", "git_commit", "device", "threads")
+    return "".join(f"# {k}: {identity[k]}\n" for k in keys) + "\n"
+
+
+def _interrupted(cfg: RunConfig, sim: Simulation, out: Path, start: int, nothing_kept: bool) -> str:
+    n = sim.next_round
+    if nothing_kept:
+        return f"interrupted before round 1 finished; nothing was kept in {out}"
+    k = cfg.checkpoint_every
+    last_ck = max(start, (n // k) * k) if k > 0 else start
+    if last_ck == 0:
+        return (f"interrupted after round {n}; no checkpoint was written yet (checkpoint_every = {k}), so it "
+                f"cannot be resumed: run again with --force --out {out}")
+    return (f"interrupted after round {n}; resume with: fedblend run {out / 'config.toml'} --out {out} --resume"
+            + (f" (continues from the checkpoint of round {last_ck})" if last_ck != n else ""))
 
 
 class _Stop(Exception):
@@ -134,7 +360,7 @@ class _Stop(Exception):
 
 
 def _rewrite_metrics(out: Path, history: list[dict]) -> None:
-    (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
+    _write(out / "metrics.jsonl", "".join(dumps(m) + "\n" for m in history))
 
 
 def _write_csv(path: Path, history: list[dict]) -> None:

@@ -43,7 +43,6 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.registry import register_transform
-from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
 from fedblend.models.zoo import FedModel
@@ -55,6 +54,8 @@ class ALAOptions:
 
     CHOICES: ClassVar[dict] = {"sample": ("random", "window"), "record": ("last", "mean"),
                                "eval": ("ala", "stored", "trained")}
+    RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": ">= 1", "threshold": ">= 0", "window": ">= 1",
+                              "cap": ">= 1", "batch_size": ">= 1"}
 
     eta: float = 1.0  # learning rate of the weight learning (paper: 1.0)
     s: float = 80.0  # percent of the client's training data used for weight learning each round (paper: 80)
@@ -67,19 +68,6 @@ class ALAOptions:
     record: str = "last"  # loss recorded per epoch for the stop rule: "last" batch's (code) or the epoch "mean"
     eval: str = "ala"  # evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4
     #                    with the stored W (no learning), "trained" = the method's own (model after local training)
-
-    def validate(self, where: str) -> None:
-        if self.eta < 0:
-            raise ConfigError(f"{where}.eta must be >= 0, got {self.eta}")
-        if not 0 < self.s <= 100:
-            raise ConfigError(f"{where}.s must be in (0, 100] (a percentage), got {self.s}")
-        if self.p < 1:
-            raise ConfigError(f"{where}.p must be >= 1 (layers from the output), got {self.p}")
-        if self.threshold < 0 or self.window < 1 or self.cap < 1:
-            raise ConfigError(f"{where}: need threshold >= 0, window >= 1, cap >= 1; got "
-                              f"{self.threshold}, {self.window}, {self.cap}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError(f"{where}.batch_size must be >= 1, got {self.batch_size}")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

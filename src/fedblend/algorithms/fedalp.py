@@ -41,7 +41,6 @@ import torch
 
 from fedblend.algorithms import clustering
 from fedblend.algorithms.registry import register_method
-from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, clone, layer_of, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 
@@ -52,6 +51,8 @@ class FedALPOptions:
                                "layer_unit": ("layer", "tensor"), "group_update": ("literal", "mixed_start"),
                                "local_model": ("mixed", "group"), "global_weights": ("members", "participants"),
                                "step_weights": ("group", "federation")}
+    RANGES: ClassVar[dict] = {"t_pre": ">= 0", "t_pre_fraction": "(0, 1)", "num_groups": ">= 1", "beta": "[0, 1]",
+                              "recluster_every": ">= 0"}
 
     t_pre: int = 0  # warm-up rounds T_pre; 0 = round(t_pre_fraction * rounds)
     t_pre_fraction: float = 0.5  # paper: T_pre is "typically 40% to 70%" of T
@@ -73,18 +74,6 @@ class FedALPOptions:
     # n_k / (data of all K clients), the same gamma_k as line 11 (where the shares must sum to 1 over all
     # clients), which scales each group's step by the joined members' share of the federation's data.
     step_weights: str = "group"
-
-    def validate(self, where: str) -> None:
-        if not 0.0 <= self.beta <= 1.0:
-            raise ConfigError(f"{where}.beta must be in [0, 1], got {self.beta}")
-        if self.t_pre < 0:
-            raise ConfigError(f"{where}.t_pre must be >= 0 (0 = use t_pre_fraction), got {self.t_pre}")
-        if not 0.0 < self.t_pre_fraction < 1.0:
-            raise ConfigError(f"{where}.t_pre_fraction must be in (0, 1), got {self.t_pre_fraction}")
-        if self.num_groups < 1:
-            raise ConfigError(f"{where}.num_groups must be >= 1, got {self.num_groups}")
-        if self.recluster_every < 0:
-            raise ConfigError(f"{where}.recluster_every must be >= 0, got {self.recluster_every}")
 
 
 # --------------------------------------------------------------------------------------------- pure functions

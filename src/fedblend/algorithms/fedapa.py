@@ -44,7 +44,6 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.registry import register_method
-from fedblend.common.options import ConfigError
 from fedblend.common.params import Params
 from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 
@@ -55,6 +54,7 @@ class FedAPAOptions:
 
     CHOICES: ClassVar[dict] = {"self_weight_rule": ("mu", "one"), "sign": ("descent", "eq7-literal"),
                                "momentum_scope": ("row", "matrix"), "share": ("body", "all")}
+    RANGES: ClassVar[dict] = {"eta": ">= 0", "mu": ">= 0", "server_momentum": "[0, 1)", "heatmap_rounds": ">= 1"}
 
     eta: float = 0.01  # server learning rate of the weight vectors (Sec. 5.1)
     mu: float = 0.5  # self-weight set before normalising (Sec. 3.2 step 2, Alg. 1 line 12, Table 4)
@@ -68,14 +68,6 @@ class FedAPAOptions:
     share: str = "body"  # "body": partial model sharing (paper); "all": Table 3 "APA without PMS"
     sequential: bool = False  # authors' code: one client after another within a round (paper: parallel)
     heatmap_rounds: tuple[int, ...] = (1, 10, 25, 50)  # 1-based rounds whose weight matrix is kept for plots
-
-    def validate(self, where: str) -> None:
-        if self.eta < 0:
-            raise ConfigError(f"{where}.eta must be >= 0, got {self.eta}")
-        if self.mu < 0:
-            raise ConfigError(f"{where}.mu must be >= 0, got {self.mu}")
-        if not 0 <= self.server_momentum < 1:
-            raise ConfigError(f"{where}.server_momentum must be in [0, 1), got {self.server_momentum}")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -5,6 +5,7 @@ so the run's ``global_accuracy`` equals the FedAvg run with the same seed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
@@ -15,6 +16,7 @@ from fedblend.core.training import TrainSpec
 
 @dataclass(frozen=True)
 class FineTuneOptions:
+    RANGES: ClassVar[dict] = {"ft_epochs": ">= 0"}
     ft_epochs: int = 1  # local epochs of fine-tuning before evaluation
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -15,6 +16,7 @@ from fedblend.core.training import LossTerm
 
 @dataclass(frozen=True)
 class FedProxOptions:
+    RANGES: ClassVar[dict] = {"mu": ">= 0"}
     mu: float = 0.01  # proximal coefficient (FedALA appendix: 0.001 on MNIST-like, tuned per dataset)
 
 

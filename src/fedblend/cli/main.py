@@ -1,9 +1,14 @@
 """The ``fedblend`` command.
 
-* ``fedblend run CONFIG.toml [--set key=value ...] [--out DIR] [--data-dir DIR] [--resume]``
+* ``fedblend run CONFIG.toml [--set key=value ...] [--out DIR] [--data-dir DIR] [--resume | --force]``
 * ``fedblend report RUN_DIR_OR_FOLDER ... [--out DIR]``
 * ``fedblend partition CONFIG.toml [--set ...] [--out DIR]``  (class-count table + PNG, no training)
 * ``fedblend methods``  (registered methods and transforms with their options)
+
+Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
+input (config, flags, usage, an existing run without --resume / --force, a refused resume), 1 for faults
+(missing or corrupt data, checkpoint, disk, a run stopped by a non-finite update), 130 for Ctrl-C (the line
+says how to resume). ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -12,14 +17,26 @@ import argparse
 import dataclasses
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
-from fedblend.common.options import ConfigError
-from fedblend.data.partition import PartitionError
-from fedblend.data.sources import ChecksumError, DataNotFoundError
+from fedblend.common.errors import ConfigError, FedblendError, ResumeMismatchError, RunExistsError, RunInterrupted
+
+INPUT_ERRORS = (ConfigError, RunExistsError, ResumeMismatchError)  # exit 2; other expected failures exit 1
+
+
+class UsageError(ConfigError):
+    """A malformed command line (unknown flag, a flag's value of the wrong type)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error raises (one ``fedblend: error:`` line) instead of printing the usage."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -28,15 +45,22 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. --set rounds=5 --set partition.alpha=0.5")
     p.add_argument("--data-dir", help="dataset directory (default: $FEDBLEND_DATA or ~/.fedblend/data)")
     p.add_argument("--out", help="output directory")
+    _debug(p)
+
+
+def _debug(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedblend", description=__doc__,
+    ap = _Parser(prog="fedblend", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run one experiment")
     _common(run)
-    run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config; rounds "
+                     "may grow)")
+    run.add_argument("--force", action="store_true", help="replace a run already in OUT")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
@@ -47,19 +71,39 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", help="run directories or folders containing them")
     rep.add_argument("--out", help="write table.md, table.json and PNG curves here")
     rep.add_argument("--no-plots", action="store_true")
+    _debug(rep)
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
-    sub.add_parser("methods", help="list methods, transforms and their options")
+    _debug(sub.add_parser("methods", help="list methods, transforms and their options"))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
     try:
-        return _dispatch(args)
-    except (ConfigError, PartitionError, DataNotFoundError, ChecksumError, FileNotFoundError) as exc:
-        print(f"fedblend: error: {exc}", file=sys.stderr)
-        return 2
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return _dispatch(parser().parse_args(argv))
+    except (FedblendError, OSError, RunInterrupted) as exc:
+        if debug:
+            raise
+        print(f"fedblend: error: {_one_line(exc)}", file=sys.stderr)
+        return 130 if isinstance(exc, RunInterrupted) else 2 if isinstance(exc, INPUT_ERRORS) else 1
+    except KeyboardInterrupt:  # outside a run (loading data, building a partition)
+        if debug:
+            raise
+        print("fedblend: error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"fedblend: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -82,6 +126,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     for flag in ("device", "backend", "workers"):
         if getattr(args, flag, None) is not None:
             overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     cfg = load_config(args.config, overrides)
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
@@ -97,13 +143,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             plot_counts(fed, out / "partition.png")
             print(f"wrote {out}/partition.json, partition.txt, partition.png")
         return 0
-    from fedblend.experiment import Progress, run_experiment
+    from fedblend.experiment import Progress, default_out_dir, run_experiment
 
+    if args.resume and args.force:
+        raise ConfigError("--resume continues the run in OUT and --force replaces it: give one of them")
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out or Path("runs") / f"{cfg.label}-seed{cfg.seed}")
+    if args.out:
+        out = Path(args.out)
+    else:  # a new run never lands on an earlier one; --resume continues the first
+        out = Path("runs") / f"{cfg.label}-seed{cfg.seed}" if args.resume else default_out_dir(cfg)
     progress = None if args.quiet else Progress(cfg.rounds, cfg.label)
-    summary = run_experiment(cfg, out, args.data_dir, resume=args.resume, progress=progress)
+    summary = run_experiment(cfg, out, args.data_dir, resume=args.resume, progress=progress, force=args.force)
     keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "global_accuracy", "seconds_per_round"]
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {out}")

@@ -7,13 +7,57 @@ Used for the run config's tables and for every method's / transform's options, s
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Union
 
+from fedblend.common.errors import ConfigError
 
-class ConfigError(ValueError):
-    """An invalid config value; the message names the field and the allowed values."""
+__all__ = ["ConfigError", "Range", "allowed_text", "check_value", "from_table", "to_table"]
+
+
+@dataclass(frozen=True)
+class Range:
+    """An allowed numeric range, written as in the docs: ``"> 0"``, ``">= 1"``, ``"[0, 1)"``, ``"(0, 1]"``."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        text = text.strip()
+        m = re.fullmatch(r"(>=|>|<=|<)\s*(-?[\d.]+(?:e-?\d+)?)", text)
+        if m:
+            op, v = m.group(1), float(m.group(2))
+            return cls(lo=v, lo_open=op == ">") if op[0] == ">" else cls(hi=v, hi_open=op == "<")
+        m = re.fullmatch(r"([\[(])\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*([\])])", text)
+        if not m:
+            raise ValueError(f"not a range: {text!r}")
+        return cls(float(m.group(2)), float(m.group(3)), m.group(1) == "(", m.group(4) == ")")
+
+    def __contains__(self, v: float) -> bool:
+        if isinstance(v, float) and not math.isfinite(v):  # nan and inf are never a valid setting
+            return False
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return not (self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)))
+
+    def __str__(self) -> str:
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else repr(x)
+
+        if self.lo is not None and self.hi is not None:
+            return f"{'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {num(self.lo)}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {num(self.hi)}"
+        return "any"
 
 
 def _check(value: Any, tp: Any, where: str, choices: tuple | None) -> Any:
@@ -58,8 +102,47 @@ def _check(value: Any, tp: Any, where: str, choices: tuple | None) -> Any:
     return value
 
 
+def check_value(value: Any, tp: Any, where: str, choices: tuple | None = None, rng: str | None = None) -> Any:
+    """``value`` checked against its type, its choices and its range (``rng``, e.g. ``"> 0"``); returns it
+    converted (ints to floats for float fields, lists to tuples for tuple fields)."""
+    value = _check(value, tp, where, choices)
+    if rng is not None and value is not None:
+        r = Range.parse(rng)
+        for i, v in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+            if v not in r:
+                at = f"{where}[{i}]" if isinstance(value, (list, tuple)) else where
+                finite = "a finite number " if isinstance(v, float) and not math.isfinite(v) else ""
+                raise ConfigError(f"{at} must be {finite}{r}, got {v!r}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    return value
+
+
+def allowed_text(cls: type, name: str) -> str:
+    """What field ``name`` of options dataclass ``cls`` accepts, as written in ``docs/config.md``'s
+    "allowed" column: its choices, its range, ``true / false``, or the type; ``, or unset`` when it may be
+    omitted with no default value."""
+    tp = typing.get_type_hints(cls)[name]
+    choices = getattr(cls, "CHOICES", {}).get(name)
+    rng = getattr(cls, "RANGES", {}).get(name)
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = typing.get_origin(tp) in (Union, types.UnionType) and len(args) < len(typing.get_args(tp))
+    base = args[0] if optional else tp
+    if choices is not None:
+        text = " / ".join(f"`{c}`" for c in choices)
+    elif base is bool:
+        text = "`true` / `false`"
+    elif typing.get_origin(base) in (list, tuple):
+        inner = typing.get_args(base)[0].__name__
+        text = f"list of {inner}" + (f" {rng}" if rng else "")
+    else:
+        text = f"{base.__name__}" + (f" {rng}" if rng else "")
+    return text + (", or unset" if optional else "")
+
+
 def from_table(cls: type, table: dict[str, Any] | None, where: str) -> Any:
-    """Instantiate dataclass ``cls`` from ``table``; field choices come from ``cls.CHOICES`` if defined."""
+    """Instantiate dataclass ``cls`` from ``table``; field choices come from ``cls.CHOICES`` and numeric ranges
+    from ``cls.RANGES`` (``{"lr": "> 0"}``) if defined, then ``obj.validate(where)`` checks cross-field rules."""
     table = dict(table or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
@@ -68,7 +151,9 @@ def from_table(cls: type, table: dict[str, Any] | None, where: str) -> Any:
         raise ConfigError(f"unknown field {where + '.' if where else ''}{unknown[0]}; allowed: {allowed}")
     hints = typing.get_type_hints(cls)
     choices = getattr(cls, "CHOICES", {})
-    values = {k: _check(v, hints[k], f"{where}.{k}" if where else k, choices.get(k)) for k, v in table.items()}
+    ranges = getattr(cls, "RANGES", {})
+    values = {k: check_value(v, hints[k], f"{where}.{k}" if where else k, choices.get(k), ranges.get(k))
+              for k, v in table.items()}
     try:
         obj = cls(**values)
     except (TypeError, ValueError) as exc:

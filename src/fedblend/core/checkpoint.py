@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import TREE, decode, encode
+from fedblend.common.errors import CheckpointError, CheckpointMissingError
 
 FILENAME = "checkpoint.pt"
 
@@ -28,7 +29,15 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    arrays = torch.load(Path(path), map_location="cpu", weights_only=True)
-    if not isinstance(arrays, dict) or TREE not in arrays:
-        raise ValueError(f"{path} is not a fedblend checkpoint (no state tree)")
-    return decode(arrays, "cpu")
+    """The run state saved at ``path``; :class:`CheckpointError` when it is missing, unreadable or corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointMissingError(f"no checkpoint at {path}")
+    try:
+        arrays = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(arrays, dict) or TREE not in arrays:
+            raise ValueError("no state tree")
+        return decode(arrays, "cpu")
+    except Exception as exc:  # torch raises RuntimeError, pickle / zip / json errors for damaged files
+        raise CheckpointError(f"{path} is not a readable fedblend checkpoint ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'})") from exc

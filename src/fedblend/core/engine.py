@@ -7,8 +7,12 @@ Per round ``t`` (0-based internally, reported 1-based):
    ``configure``s a message per joining client, the backend runs the client halves on them (each with its own
    state, initialised on the client at first contact), the new client states are stored and the server half
    ``aggregate``s the replies;
+   Before aggregation every tensor of every reply is checked: a reply with NaN / inf stops the run
+   (:class:`~fedblend.common.errors.NonFiniteError`, ``on_nonfinite = "stop"``) or is dropped with the client's
+   new state and stats (``"skip"``: the aggregate is over the other clients; ``nonfinite_clients`` in metrics);
 3. every ``eval.every`` rounds (and at the last), every client evaluates its personalized model (and the global
-   model, if the method has one) from an evaluation message, through the backend as well;
+   model, if the method has one) from an evaluation message, through the backend as well (with
+   ``eval.select = "val"`` also on its validation split, as ``val_*`` metrics);
 4. record metrics (accuracy, loss, bytes down/up per client, seconds) and checkpoint every ``k`` rounds.
 
 The engine holds the server state and the client-state store; only messages and each client's own state reach
@@ -24,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from fedblend.common.codec import decode, encode
+from fedblend.common.errors import NonFiniteError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.evaluation import EvalProtocol, summarise
-from fedblend.core.message import Message
+from fedblend.core.message import Message, first_nonfinite
 from fedblend.core.method import ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import ClientStore
@@ -55,13 +60,14 @@ class Simulation:
     history: list[dict] = field(default_factory=list)
     next_round: int = 0
     backend: Any = field(default_factory=SequentialBackend)
+    on_nonfinite: str = "stop"  # a reply with NaN / inf: "stop" the run or "skip" (drop) that client's update
     _started: bool = False
 
     # ------------------------------------------------------------------------------------------- setup
     @classmethod
     def create(cls, method: Method, fed: FederatedData, model_name: str, train: TrainConfig, rounds: int,
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
-               backend: Any = None, device: str = "cpu") -> Simulation:
+               backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop") -> Simulation:
         tree = SeedTree(seed)
         model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
         model.requires_grad_(False)
@@ -69,7 +75,7 @@ class Simulation:
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch
         sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {}, ClientStore(),
-                  tree, backend=backend or SequentialBackend())
+                  tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite)
         sim.server = method.init_server(sim.sctx(0))
         return sim
 
@@ -114,25 +120,33 @@ class Simulation:
         stats: dict[int, dict] = {cid: {} for cid in selected}
         down = dict.fromkeys(selected, 0)
         up = dict.fromkeys(selected, 0)
+        skipped: list[int] = []
 
         def exchange(phase: str, cids: list[int]) -> dict[int, Message]:
             msgs = {cid: self.method.configure(phase, self.server, cid, sctx) for cid in cids}
             results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
             replies = {}
             for cid, res in zip(cids, results):
-                self.store.put(cid, res.state)
-                stats[cid].update(res.stats)
                 down[cid] += msgs[cid].num_bytes
                 up[cid] += res.reply.num_bytes
+                if self._nonfinite(res.reply, cid, phase, t):
+                    skipped.append(cid)
+                    continue
+                self.store.put(cid, res.state)
+                stats[cid].update(res.stats)
                 replies[cid] = res.reply
             return replies
+
+        def aggregate(phase: str, replies: dict[int, Message]) -> None:
+            if replies:  # every reply skipped as non-finite: the server keeps its state
+                self.server = self.method.aggregate(phase, self.server, replies, sctx)
 
         for phase in self.method.phases(sctx):
             if self.method.sequential_server:
                 for cid in selected:
-                    self.server = self.method.aggregate(phase, self.server, exchange(phase, [cid]), sctx)
+                    aggregate(phase, exchange(phase, [cid]))
             else:
-                self.server = self.method.aggregate(phase, self.server, exchange(phase, selected), sctx)
+                aggregate(phase, exchange(phase, selected))
         train_seconds = time.perf_counter() - t0
         metrics: dict[str, Any] = {
             "round": t + 1,
@@ -145,20 +159,37 @@ class Simulation:
         for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"}):
             metrics[key] = _mean([stats[c].get(key) for c in selected])
         metrics.update(_time_shares([stats[c] for c in selected]))
+        if skipped:
+            metrics["nonfinite_clients"] = sorted(set(skipped))
         last = t + 1 == self.run_info.rounds
         if (t + 1) % max(1, self.protocol.every) == 0 or last:
             e0 = time.perf_counter()
             metrics.update(self.evaluate(t))
+            if self.protocol.select == "val":
+                metrics.update({f"val_{k}": v for k, v in self.evaluate(t, "val").items()})
             metrics["eval_seconds"] = time.perf_counter() - e0
         self.history.append(metrics)
         self.next_round = t + 1
         return metrics
 
-    def evaluate(self, t: int) -> dict:
-        """Personalized (and global) accuracy over all clients, per :class:`EvalProtocol`: each client evaluates
-        from the server's evaluation message and its own state; no state changes."""
+    def _nonfinite(self, reply: Message, cid: int, phase: str, t: int) -> bool:
+        """Whether client ``cid``'s reply holds NaN / inf and is to be skipped; raises under ``"stop"``."""
+        where = first_nonfinite(reply.arrays)
+        if where is None:
+            return False
+        if self.on_nonfinite == "stop":
+            raise NonFiniteError(
+                f"round {t + 1}: client {cid}'s {phase} update has NaN or inf values (in {where}); the run stopped "
+                f"before aggregating it (on_nonfinite = 'stop'). Lower train.lr, check the client's data, or set "
+                f"on_nonfinite = 'skip' to drop such updates", t + 1, cid, where)
+        return True
+
+    def evaluate(self, t: int, split: str | None = None) -> dict:
+        """Personalized (and global) accuracy over all clients, per :class:`EvalProtocol` (on ``split``, default
+        the protocol's): each client evaluates from the server's evaluation message and its own state; no state
+        changes."""
         sctx = self.sctx(t)
-        config = {"split": self.protocol.split, "batch_size": self.protocol.batch_size}
+        config = {"split": split or self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
         for lo in range(0, self.fed.num_clients, EVAL_CHUNK):
             jobs = []
@@ -193,8 +224,10 @@ class Simulation:
                                "history": self.history, "extra": extra or {},
                                "train": asdict(self.run_info.train)})
 
-    def restore(self, path: str | Path) -> dict:
-        ck = load_checkpoint(path)
+    def restore(self, path: str | Path, ck: dict | None = None) -> dict:
+        """Continue from the checkpoint at ``path`` (or its already loaded contents ``ck``); returns its extra
+        state."""
+        ck = load_checkpoint(path) if ck is None else ck
         if self.run_info.device != "cpu":
             ck = decode_to(ck, self.run_info.device)
         self.next_round = ck["next_round"]

@@ -17,17 +17,29 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedblend.common.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class EvalProtocol:
     """What a reported accuracy means (the ``[eval]`` table of a run config)."""
 
-    CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final")}
+    CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final"), "select": ("test", "val")}
+    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1"}
 
     every: int = 1  # evaluate every k rounds (and always at the last round)
     split: str = "test"  # "test" or "val"
     batch_size: int = 2048
     report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
+    select: str = "test"  # "val": also evaluate on validation; the headline is test accuracy at the best-val round
+
+    def validate(self, where: str) -> None:
+        if self.select == "val" and self.split != "test":
+            raise ConfigError(f"{where}.select = 'val' picks the round on validation and reports test accuracy; "
+                              f"it needs {where}.split = 'test', got {self.split!r}")
+        if self.select == "val" and self.report != "best":
+            raise ConfigError(f"{where}.select = 'val' reports the best-validation round; {where}.report must be "
+                              f"'best', got {self.report!r}")
 
 
 @torch.no_grad()

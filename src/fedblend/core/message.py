@@ -43,6 +43,15 @@ class Message:
         return cls(d["arrays"], d["metrics"], d["config"])
 
 
+def first_nonfinite(arrays: Mapping[str, Params]) -> str | None:
+    """``"record.tensor"`` of the first floating-point tensor in ``arrays`` holding NaN or inf, else None."""
+    for record, params in arrays.items():
+        for name, t in params.items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"{record}.{name}"
+    return None
+
+
 def comm_bytes(obj: Any) -> int:
     """Bytes of every tensor inside ``obj`` (nested dicts / lists), i.e. what a message costs on the wire."""
     if isinstance(obj, torch.Tensor):

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import torch
 
+from fedblend.common.errors import ConfigError
 from fedblend.common.rng import SeedTree
 
 SCHEMES = ("fixed", "uniform_range")
@@ -21,10 +22,15 @@ SCHEMES = ("fixed", "uniform_range")
 @dataclass(frozen=True)
 class SamplingConfig:
     CHOICES: ClassVar[dict] = {"scheme": SCHEMES}
+    RANGES: ClassVar[dict] = {"join_ratio": "(0, 1]", "low": "(0, 1]", "high": "(0, 1]"}
     scheme: str = "fixed"
     join_ratio: float = 1.0
     low: float = 0.6
     high: float = 1.0
+
+    def validate(self, where: str) -> None:
+        if self.low > self.high:
+            raise ConfigError(f"{where}.low must be <= {where}.high, got low = {self.low}, high = {self.high}")
 
 
 def sample_clients(cfg: SamplingConfig, num_clients: int, rnd: int, tree: SeedTree) -> list[int]:

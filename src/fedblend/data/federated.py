@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from fedblend.common.errors import ConfigError
 from fedblend.common.rng import SeedTree
 from fedblend.data.partition import KINDS, RULES, counts_matrix, format_counts, partition, split_like
 from fedblend.data.raw import RawDataset
@@ -34,6 +35,10 @@ class PartitionSpec:
     """What to partition and how; the fields are the ``[partition]`` table of a run config."""
 
     CHOICES: ClassVar[dict] = {"kind": KINDS, "rule": RULES, "split": SPLITS}
+    RANGES: ClassVar[dict] = {"num_clients": ">= 1", "alpha": "> 0", "classes_per_client": ">= 1",
+                              "shards_per_client": ">= 1", "samples_per_client": ">= 1", "min_samples": ">= 0",
+                              "min_test_samples": ">= 0", "max_tries": ">= 1", "train_fraction": "(0, 1)",
+                              "val_fraction": "(0, 1)", "test_per_client": ">= 1"}
 
     kind: str = "dirichlet"
     rule: str = "pflib"
@@ -50,6 +55,11 @@ class PartitionSpec:
     train_fraction: float = 0.75
     val_fraction: float = 0.15
     test_per_client: int | None = None
+
+    def validate(self, where: str) -> None:
+        if self.split == "train_val_test" and self.train_fraction + self.val_fraction >= 1:
+            raise ConfigError(f"{where}.train_fraction + {where}.val_fraction must be < 1 (the rest is the test "
+                              f"share), got {self.train_fraction} + {self.val_fraction}")
 
 
 @dataclass

@@ -29,10 +29,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedblend.common.errors import FedblendError
+
 Parts = list[np.ndarray]
 
 
-class PartitionError(ValueError):
+class PartitionError(FedblendError, ValueError):
     """Partition parameters that cannot be satisfied; the message names the parameter and the fix."""
 
 

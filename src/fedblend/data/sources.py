@@ -29,17 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
+from fedblend.common.errors import DataError, FedblendError
 from fedblend.data.raw import RawDataset
 from fedblend.data.synthetic import make_synthetic
 
 ENV_VAR = "FEDBLEND_DATA"
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(FedblendError, FileNotFoundError):
     """A dataset file is missing and could not be downloaded."""
 
 
-class ChecksumError(ValueError):
+class ChecksumError(FedblendError, ValueError):
     """A dataset file exists but its md5 is not the canonical one."""
 
 
@@ -66,17 +67,30 @@ def md5sum(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def download_verified(url: str, path: Path, md5: str | None) -> None:
+    """Download ``url`` to ``path`` through a temporary name (``<name>.part``) that is renamed to ``path`` only
+    after its md5 matches, so a failed or corrupt download never sits under the real name."""
+    tmp = path.with_suffix(path.suffix + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            path.parent.mkdir(parents=True, exist_ok=True)  # only once the source answers
+            with open(tmp, "wb") as f:
+                while block := r.read(1 << 20):
+                    f.write(block)
+        if md5 is not None and (got := md5sum(tmp)) != md5:
+            raise ChecksumError(f"the download of {path.name} from {url} has md5 {got}, expected {md5}; it was "
+                                f"discarded (nothing was written to {path}). Try again or fetch it yourself.")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fetch(data_dir: Path, folder: str, spec: FileSpec, download: bool = True) -> Path:
     """Path to a verified dataset file; download it when missing; raise with a clear message otherwise."""
     path = data_dir / folder / spec.name
     if not path.exists() and download and spec.url:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(path.suffix + ".part")
-            with urllib.request.urlopen(spec.url, timeout=30) as r, open(tmp, "wb") as f:
-                while block := r.read(1 << 20):
-                    f.write(block)
-            tmp.replace(path)
+            download_verified(spec.url, path, spec.md5)
         except OSError as exc:  # URLError is an OSError
             where = spec.url or "the dataset's home page"
             raise DataNotFoundError(
@@ -285,11 +299,29 @@ DATASETS: dict[str, Callable[..., RawDataset]] = {
 }
 
 
+# What each dataset's samples are, known without reading it (used to check a model fits before any loading):
+# kind, and for images (channels, side).
+INPUTS: dict[str, tuple[str, tuple[int, int] | None]] = {
+    "mnist": ("image", (1, 28)), "fmnist": ("image", (1, 28)), "cifar10": ("image", (3, 32)),
+    "cifar100": ("image", (3, 32)), "usps": ("image", (1, 16)), "ag_news": ("text", None),
+    "synthetic": ("image", (1, 8)),
+}
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> RawDataset:
-    """Load dataset ``name`` (see :data:`DATASETS` and ``synthetic``) from the data directory."""
+    """Load dataset ``name`` (see :data:`DATASETS` and ``synthetic``) from the data directory.
+
+    A file that exists but cannot be read (no permission, truncated, not the expected format) raises
+    :class:`~fedblend.common.errors.DataError` naming the dataset and the reason."""
     if name == "synthetic":
         return make_synthetic()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}")
-    return DATASETS[name](resolve_data_dir(data_dir), download)
+    folder = resolve_data_dir(data_dir)
+    try:
+        return DATASETS[name](folder, download)
+    except FedblendError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, tarfile.TarError, pickle.UnpicklingError) as exc:
+        raise DataError(f"cannot read dataset {name!r} from {folder}: {exc}") from exc
 
