@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,11 +40,26 @@ def strip(row: dict) -> dict:
     return {k: v for k, v in row.items() if "seconds" not in k and not k.endswith("_share")}
 
 
+def recorded_protocol(config: Path, overrides: list[str]) -> list[str]:
+    """Overrides that restore the evaluation protocol the goldens were recorded with: ALA evaluated from the eval
+    stream (``eval_stream = "eval"``; the default became ``"train"`` afterwards, which changes only the
+    personalized evaluation fields, see tests/test_golden.py)."""
+    method = tomllib.loads(config.read_text()).get("method", "fedavg")
+    for o in overrides:
+        if o.startswith("method="):
+            method = o.split("=", 1)[1].strip('"\'')
+    if method == "fedala":
+        return ['options.eval_stream="eval"']
+    if "ala" in method.split("+"):
+        return ['ala.eval_stream="eval"']
+    return []
+
+
 def run_case(config: Path, overrides: list[str], extra_args: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "fedblend.cli.main", "run", str(config), "--out", tmp, "--threads", "1",
                "--quiet"]
-        for o in BASE + overrides:
+        for o in BASE + overrides + recorded_protocol(config, overrides):
             cmd += ["--set", o]
         cmd += extra_args
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
