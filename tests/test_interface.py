@@ -231,3 +231,18 @@ def test_own_loop_is_declared():
 
     assert not build_method("fedprox").has_own_loop
     assert build_method("fedprox+ala").has_own_loop and build_method("fedala").has_own_loop
+
+
+def test_bench_command_times_engine_and_plain_loop(capsys):
+    import json
+
+    from fedblend.cli.main import main
+
+    rc = main(["bench", "--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "partition.num_clients=4",
+               "--set", "partition.min_samples=5", "--set", "sampling.join_ratio=0.5", "--rounds", "2"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for k in ("train_ratio", "eval_ratio", "round_ratio", "samples_per_s", "clients_per_s", "peak_rss_mib"):
+        assert out[k] > 0, k
+    assert out["rounds"] == 2 and out["backend"] == "sequential"
+    assert out["clients_per_s"] == pytest.approx(2 / out["train_engine_s"])  # 2 of 4 clients join each round

@@ -4,6 +4,7 @@
 * ``fedblend report RUN_DIR_OR_FOLDER ... [--out DIR]``
 * ``fedblend partition CONFIG.toml [--set ...] [--out DIR]``  (class-count table + PNG, no training)
 * ``fedblend methods``  (registered methods and transforms with their options)
+* ``fedblend bench CONFIG.toml [--rounds N] [--backend ...]``  (engine vs a plain loop over the same work)
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output directory")
 
 
+def _runtime_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
+    p.add_argument("--backend", choices=["sequential", "processes"],
+                   help="how client halves run (config: backend); 'processes' = worker processes")
+    p.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedblend", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,10 +47,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
-    run.add_argument("--backend", choices=["sequential", "processes"],
-                     help="how client halves run (config: backend); 'processes' = worker processes")
-    run.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
+    _runtime_flags(run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) and accuracy curves of runs")
     rep.add_argument("runs", nargs="+", help="run directories or folders containing them")
     rep.add_argument("--out", help="write table.md, table.json and PNG curves here")
@@ -50,6 +55,11 @@ def parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
     sub.add_parser("methods", help="list methods, transforms and their options")
+    b = sub.add_parser("bench", help="time engine rounds against a plain PyTorch loop over the same work")
+    _common(b)
+    b.add_argument("--rounds", type=int, default=3, help="rounds to time (default 3)")
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    _runtime_flags(b)
     return ap
 
 
@@ -83,6 +93,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         if getattr(args, flag, None) is not None:
             overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
     cfg = load_config(args.config, overrides)
+    if args.cmd == "bench":
+        from fedblend.bench import bench
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(bench(cfg, args.rounds, args.data_dir), indent=2))
+        return 0
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data
