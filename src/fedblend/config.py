@@ -9,7 +9,7 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     seed = 0
     checkpoint_every = 10      # rounds between checkpoints (0 = never)
     device = "cpu"             # "cpu", "cuda" or "auto" (cuda when available)
-    backend = "sequential"     # how client halves run: "sequential" or "processes" (worker processes)
+    backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes) or "vmap"
     workers = 2                # worker processes of the "processes" backend
     [partition] ...            # fedblend.data.federated.PartitionSpec
     [train] ...                # fedblend.core.training.TrainConfig
@@ -48,7 +48,7 @@ TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": Sampling
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
            "name": str, "device": str, "backend": str, "workers": int}
 DEVICES = ("cpu", "cuda", "auto")
-BACKEND_NAMES = ("sequential", "processes")
+BACKEND_NAMES = ("sequential", "processes", "vmap")
 
 
 @dataclass

@@ -33,8 +33,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
-    p.add_argument("--backend", choices=["sequential", "processes"],
-                   help="how client halves run (config: backend); 'processes' = worker processes")
+    p.add_argument("--backend", choices=["sequential", "processes", "vmap"],
+                   help="how client halves run (config: backend): worker 'processes', or 'vmap' (batched clients)")
     p.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
 
 
