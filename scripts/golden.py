@@ -23,6 +23,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "benchmarks"
 BASE = ["rounds=3", "seed=0"]
@@ -39,11 +45,26 @@ def strip(row: dict) -> dict:
     return {k: v for k, v in row.items() if "seconds" not in k and not k.endswith("_share")}
 
 
+def recorded_protocol(config: Path, overrides: list[str]) -> list[str]:
+    """Overrides that restore the evaluation protocol the goldens were recorded with: ALA evaluated from the eval
+    stream (``eval_stream = "eval"``; the default became ``"train"`` afterwards, which changes only the
+    personalized evaluation fields, see tests/test_golden.py)."""
+    method = tomllib.loads(config.read_text()).get("method", "fedavg")
+    for o in overrides:
+        if o.startswith("method="):
+            method = o.split("=", 1)[1].strip('"\'')
+    if method == "fedala":
+        return ['options.eval_stream="eval"']
+    if "ala" in method.split("+"):
+        return ['ala.eval_stream="eval"']
+    return []
+
+
 def run_case(config: Path, overrides: list[str], extra_args: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "fedblend.cli.main", "run", str(config), "--out", tmp, "--threads", "1",
                "--quiet"]
-        for o in BASE + overrides:
+        for o in BASE + overrides + recorded_protocol(config, overrides):
             cmd += ["--set", o]
         cmd += extra_args
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

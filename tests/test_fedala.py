@@ -308,3 +308,44 @@ def test_weights_script_draws_png(tiny_fed, tmp_path):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "ala_weights.png").stat().st_size > 0
     assert "ala_share" in out.stdout
+
+
+def test_evaluation_learns_the_blend_training_then_reuses(tiny_fed, monkeypatch):
+    """eval_stream = "train": evaluation learns W on the next round's training stream, training reuses it (W is
+    learned once per round, not twice), and training does not depend on whether or how often evaluation runs."""
+    import fedblend.algorithms.ala as ala_mod
+
+    calls = []
+    real = ala_mod.learn_weights
+
+    def counting(*args, **kw):
+        calls.append(kw.get("initial"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ala_mod, "learn_weights", counting)
+    every = tiny_sim(tiny_fed, "fedavg+ala", rounds=3)
+    every.run()
+    assert len(calls) == 3 * 4  # 4 clients x 3 evaluations; rounds 2-3 training reused the evaluation's learning
+    calls.clear()
+    rare = tiny_sim(tiny_fed, "fedavg+ala", rounds=3)
+    rare.protocol = type(rare.protocol)(every=100)  # evaluated only at the last round
+    rare.run()
+    assert len(calls) == 2 * 4 + 4  # training learns W itself in rounds 2-3, then the final evaluation
+    assert all(torch.equal(every.server["global"][n], rare.server["global"][n]) for n in every.server["global"])
+    assert [m["train_loss"] for m in every.history] == [m["train_loss"] for m in rare.history]
+    assert every.history[-1]["acc"] == rare.history[-1]["acc"]  # the same evaluation at the last round
+
+
+def test_ala_feature_cache_is_exact():
+    """Learning with the frozen body's features computed once per batch equals the full forward every epoch."""
+    model, local, glob, x, y = _toy(3)
+    names = ["fc2.weight", "fc2.bias"]
+    w0 = {n: torch.full_like(glob[n], 0.7) for n in names}
+    opts = ALAOptions(eta=1.0, s=100.0, threshold=0.0, cap=5)
+    res = learn_weights(model, local, glob, w0, x, y, opts, 2, torch.Generator().manual_seed(0), initial=True)
+    w = dict(w0)
+    idx = sample_indices(len(y), 100.0, "random", torch.Generator().manual_seed(0))
+    for _ in range(res.epochs):
+        for b in torch.split(idx, 2):
+            w, _ = ala_step(model, local, glob, w, x[b], y[b], 1.0)  # the full forward pass, no cache
+    assert res.epochs == 5 and all(torch.equal(res.weights[n], w[n]) for n in names)

@@ -231,3 +231,68 @@ def test_own_loop_is_declared():
 
     assert not build_method("fedprox").has_own_loop
     assert build_method("fedprox+ala").has_own_loop and build_method("fedala").has_own_loop
+
+
+def test_bench_command_times_engine_and_plain_loop(capsys):
+    import json
+
+    from fedblend.cli.main import main
+
+    rc = main(["bench", "--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "partition.num_clients=4",
+               "--set", "partition.min_samples=5", "--set", "sampling.join_ratio=0.5", "--rounds", "2"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for k in ("train_ratio", "eval_ratio", "round_ratio", "samples_per_s", "clients_per_s", "peak_rss_mib"):
+        assert out[k] > 0, k
+    assert out["rounds"] == 2 and out["backend"] == "sequential"
+    assert out["clients_per_s"] == pytest.approx(2 / out["train_engine_s"])  # 2 of 4 clients join each round
+
+
+@pytest.mark.parametrize("spec,kw", [("fedavg", {}), ("fedprox", {"options": {"mu": 0.5}}),
+                                     ("fedavg", {"momentum": 0.9, "optimizer_state": "keep", "weight_decay": 0.01}),
+                                     ("fedapa", {"momentum": 0.5}), ("local", {})])
+def test_vmap_backend_equals_sequential_within_tolerance(spec, kw, tiny_fed):
+    from fedblend.core.vmap import VmapBackend
+
+    a = tiny_sim(tiny_fed, spec, rounds=3, seed=1, join_ratio=0.75, **kw)
+    b = tiny_sim(tiny_fed, spec, rounds=3, seed=1, join_ratio=0.75, backend=VmapBackend(), **kw)
+    a.run(), b.run()
+    for cid, st in a.store.states.items():  # every client's kept model / momentum, and the server's model
+        for key in ("params", "momentum"):
+            for n, t in st.get(key, {}).items():
+                assert torch.allclose(t, b.store.states[cid][key][n], atol=1e-6), (cid, key, n)
+    for n, t in (a.server.get("global") or {}).items():
+        assert torch.allclose(t, b.server["global"][n], atol=1e-6)
+    assert [m["selected"] for m in a.history] == [m["selected"] for m in b.history]
+    for ma, mb in zip(a.history, b.history):
+        assert ma["train_loss"] == pytest.approx(mb["train_loss"], rel=1e-5)
+
+
+def test_vmap_backend_partial_training_and_fallback(tiny_fed):
+    """A two-spec (head, then body) client half batched, and ALA (own loop) falls back with one notice."""
+    from fedblend.core.vmap import VmapBackend
+
+    class HeadThenBody(FedAvg):
+        name = "head-then-body-test"
+        client_keeps_model = True
+
+        def client_train(self, msg, cstate, ctx):
+            params = self.client_init(msg, cstate, ctx)
+            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
+            cstate = self.record_training(r1, cstate, ctx)
+            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
+            cstate = self.record_training(r2, cstate, ctx)
+            return self.reply(r2.params, cstate, ctx), {**cstate, "params": r2.params}
+
+    runs = []
+    for backend in (None, VmapBackend()):
+        sim = tiny_sim(tiny_fed, "fedavg", rounds=2, momentum=0.5, optimizer_state="keep", backend=backend)
+        sim.method = HeadThenBody()
+        sim.run()
+        runs.append(sim)
+    for cid, st in runs[0].store.states.items():
+        assert set(st["momentum"]) == set(runs[0].run_info.init_params)
+        for n, t in st["params"].items():
+            assert torch.allclose(t, runs[1].store.states[cid]["params"][n], atol=1e-6)
+    with pytest.warns(RuntimeWarning, match="own loop"):
+        tiny_sim(tiny_fed, "fedavg+ala", rounds=2, backend=VmapBackend()).run()

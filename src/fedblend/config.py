@@ -9,7 +9,7 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     seed = 0
     checkpoint_every = 10      # rounds between checkpoints (0 = never)
     device = "cpu"             # "cpu", "cuda" or "auto" (cuda when available)
-    backend = "sequential"     # how client halves run: "sequential" or "processes" (worker processes)
+    backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes) or "vmap"
     workers = 2                # worker processes of the "processes" backend
     on_nonfinite = "stop"      # a client update with NaN/inf: "stop" the run, or "skip" that client's update
     [partition] ...            # fedblend.data.federated.PartitionSpec
@@ -57,7 +57,7 @@ TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": Sampling
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
            "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str}
 DEVICES = ("cpu", "cuda", "auto")
-BACKEND_NAMES = ("sequential", "processes")
+BACKEND_NAMES = ("sequential", "processes", "vmap")
 NONFINITE_POLICIES = ("stop", "skip")
 SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
                   "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES}

@@ -31,10 +31,11 @@ its last local training; ALA declares ``needs_local_model`` so every host method
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,7 +54,7 @@ class ALAOptions:
     """Options of ALA (the ``[ala]`` table, or ``[options]`` of ``fedala``). Defaults are the paper's."""
 
     CHOICES: ClassVar[dict] = {"sample": ("random", "window"), "record": ("last", "mean"),
-                               "eval": ("ala", "stored", "trained")}
+                               "eval": ("ala", "stored", "trained"), "eval_stream": ("train", "eval")}
     RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": ">= 1", "threshold": ">= 0", "window": ">= 1",
                               "cap": ">= 1", "batch_size": ">= 1"}
 
@@ -68,6 +69,8 @@ class ALAOptions:
     record: str = "last"  # loss recorded per epoch for the stop rule: "last" batch's (code) or the epoch "mean"
     eval: str = "ala"  # evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4
     #                    with the stored W (no learning), "trained" = the method's own (model after local training)
+    eval_stream: str = "train"  # eval = "ala": learn W from the next round's training stream (the blend the
+    #                    client then trains from; learned once) or from this round's "eval" stream (earlier runs)
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -86,13 +89,18 @@ def blend(local: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor],
 
 
 def ala_step(model: FedModel, local: Params, glob: Params, weights: Params, x: torch.Tensor,
-             y: torch.Tensor, eta: float) -> tuple[Params, float]:
+             y: torch.Tensor, eta: float, features: torch.Tensor | None = None) -> tuple[Params, float]:
     """One weight-learning step on one batch (Eq. 5 / Eq. 7): only the top layers get gradients.
 
-    Returns ``clip(W - eta * dL/dtheta_hat * (global - local), 0, 1)`` and the batch loss at the old W.
+    Returns ``clip(W - eta * dL/dtheta_hat * (global - local), 0, 1)`` and the batch loss at the old W. When every
+    ALA layer is a head layer, ``features`` (the frozen global body's output on ``x``) may be passed: the logits
+    are then ``head(features)``, the same operations as the full forward pass, without recomputing the body.
     """
     top = {n: (local[n] * (1 - w) + glob[n] * w).requires_grad_(True) for n, w in weights.items()}
-    out = functional_call(model, {**glob, **top}, (x,))
+    if features is None:
+        out = functional_call(model, {**glob, **top}, (x,))
+    else:
+        out = functional_call(model, {**glob, **top}, (features,), {"part": "head"})
     loss = F.cross_entropy(out, y)
     grads = torch.autograd.grad(loss, list(top.values()))
     new = {}
@@ -100,6 +108,11 @@ def ala_step(model: FedModel, local: Params, glob: Params, weights: Params, x: t
         for (n, w), g in zip(weights.items(), grads):
             new[n] = (w - eta * g * (glob[n] - local[n])).clamp_(0.0, 1.0)
     return new, float(loss.detach())
+
+
+def head_only(model: FedModel, names: list[str]) -> bool:
+    """Whether every ALA tensor belongs to a head layer (then the body below is frozen at the global model)."""
+    return all(layer_of(n) in model.head_layers for n in names)
 
 
 def converged(losses: list[float], window: int, threshold: float) -> bool:
@@ -145,10 +158,16 @@ def learn_weights(model: FedModel, local: Params, glob: Params, weights: Params,
     capped = False
     if len(y) > 0:
         idx = sample_indices(len(y), opts.s, opts.sample, generator)
+        parts = list(torch.split(idx, batch_size))
+        feats: list[torch.Tensor | None] = [None] * len(parts)
+        cache = head_only(model, list(w))  # the body is frozen: its output per batch is the same every epoch
         while True:
             batch_losses, sizes = [], []
-            for b in torch.split(idx, batch_size):
-                w, loss = ala_step(model, local, glob, w, x[b], y[b], opts.eta)
+            for i, b in enumerate(parts):
+                if cache and feats[i] is None:
+                    with torch.no_grad():
+                        feats[i] = functional_call(model, glob, (x[b],), {"part": "features"})
+                w, loss = ala_step(model, local, glob, w, x[b], y[b], opts.eta, feats[i])
                 batch_losses.append(loss)
                 sizes.append(len(b))
             losses.append(batch_losses[-1] if opts.record == "last" else float(np.average(batch_losses, weights=sizes)))
@@ -158,6 +177,16 @@ def learn_weights(model: FedModel, local: Params, glob: Params, weights: Params,
                 capped = True
                 break
     return ALAResult(blend({**glob, **local}, glob, w), w, losses, len(losses), initial, capped)
+
+
+def fingerprint(params: Mapping[str, torch.Tensor]) -> str:
+    """A digest of names, dtypes, shapes and bytes of ``params`` (memo keys; no tensor copies kept)."""
+    h = hashlib.blake2b(digest_size=16)
+    for n, t in params.items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{n}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def weight_summary(model: FedModel, weights: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
@@ -186,12 +215,12 @@ class ALA(ClientTransform):
     def init_state(self) -> State:
         return {"weights": None, "initial_done": False, "history": []}
 
-    def _run(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> tuple[Params, State, ALAResult | None]:
-        """ALA on client ``ctx.cid``: returns theta_hat, the new ALA state and the learning record (None when
-        skipped). Randomness: ``ctx.tree.torch("ala")`` only."""
+    def _learn(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> ALAResult | None:
+        """Weight learning of client ``ctx.cid`` (None when skipped: the top layers of both models are equal).
+        Randomness: ``ctx.tree.torch("ala")`` only."""
         names = ala_names(ctx.model, self.opts.p)
         if all(torch.equal(glob[n], local[n]) for n in names):
-            return glob, st, None  # nothing to learn: theta_hat = the received model
+            return None  # nothing to learn: theta_hat = the received model
         weights = st["weights"] or {n: torch.ones_like(glob[n]) for n in names}
         if set(weights) != set(names):
             raise ValueError(f"stored ALA weights cover {sorted(weights)}, expected {names} (p changed?)")
@@ -203,8 +232,29 @@ class ALA(ClientTransform):
                           f"{self.opts.cap} epochs: std of the last {self.opts.window} losses "
                           f"{float(np.std(res.losses[-self.opts.window:])):.4g} >= threshold {self.opts.threshold}",
                           RuntimeWarning, stacklevel=2)
+        return res
+
+    def _memo_key(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> tuple:
+        """Everything the weight learning of a round depends on: the round (its training stream), the received
+        model, the client's top layers, its W and its stage, and the options."""
+        names = ala_names(ctx.model, self.opts.p)
+        return (ctx.rnd, fingerprint(glob), fingerprint({n: local[n] for n in names}),
+                fingerprint(st["weights"] or {}), bool(st["initial_done"]), repr(self.opts))
+
+    def _run(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> tuple[Params, State, ALAResult | None]:
+        """ALA on client ``ctx.cid``: theta_hat, the new ALA state and the learning record (None when skipped).
+
+        A learning with the same inputs in the same round (memoised in ``ctx.cache`` by an evaluation that used
+        this round's training stream, see :meth:`eval_params`) is reused instead of repeated: same result."""
+        key = self._memo_key(glob, local, st, ctx)
+        memo = ctx.cache.get(self.key)
+        res = memo[1] if memo is not None and memo[0] == key else self._learn(glob, local, st, ctx)
+        ctx.cache[self.key] = (key, res)
+        if res is None:
+            return glob, st, None
+        hat = blend({**glob, **local}, glob, res.weights)
         new_st = {**st, "weights": res.weights, "initial_done": st["initial_done"] or res.epochs > 0}
-        return res.params, new_st, res
+        return hat, new_st, res
 
     def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
         t0 = time.perf_counter()
@@ -227,7 +277,11 @@ class ALA(ClientTransform):
     def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
         """``eval = "ala"``: the model this client would start its next round from (Alg. 1 returns these
         theta_hat; PFLlib evaluates them), from the evaluation message (what the client would receive now), with W
-        learned as in training but not kept, from the eval random streams. ``"stored"``: Eq. 4 with the stored W.
+        learned as in training but not kept. ``eval_stream = "train"`` (default) draws the weight-learning sample
+        from the client's training stream of the next round, so the evaluated theta_hat *is* the one the client
+        trains from if it joins that round, and the learning is done once (memoised, see :meth:`_run`);
+        ``"eval"`` draws it from the evaluation stream of this round (how earlier results were evaluated).
+        ``"stored"``: Eq. 4 with the stored W.
         ``"trained"``: the client's model after its last local training."""
         if self.opts.eval == "trained":
             return cstate["params"]
@@ -235,12 +289,16 @@ class ALA(ClientTransform):
         st = cstate.get(self.key) or self.init_state()
         if self.opts.eval == "stored":
             return blend(cstate["params"], glob, st["weights"] or {})
+        if self.opts.eval_stream == "train":  # exactly the blend the client would train from in round rnd + 1
+            ctx = replace(ctx, rnd=ctx.rnd + 1, tree=ctx.tree_for("train", ctx.rnd + 1))
         return self._run(glob, cstate["params"], st, ctx)[0]
 
     def eval_description(self, method: Method, current: str) -> str:
         if self.opts.eval == "ala":
+            where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
+                     "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")
             return ("the ALA-initialised model theta_hat (FedALA Eq. 4, W learned one more epoch, or the initial "
-                    "stage, on the eval streams, not kept) from the aggregated global model and the client's model "
+                    f"stage, on {where}; not kept) from the aggregated global model and the client's model "
                     "after its last local training, i.e. its start of the next round, before local training")
         if self.opts.eval == "stored":
             return ("Eq. 4 of FedALA with the client's stored ALA weights, from the aggregated global model and the "

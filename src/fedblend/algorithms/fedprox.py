@@ -27,7 +27,8 @@ def proximal_loss(params: Params, batch, anchor: Params, mu: float) -> torch.Ten
 
 def proximal_term(anchor: Params, mu: float) -> LossTerm:
     """:func:`proximal_loss` as a loss term (its anchor frozen), for any method with a proximal pull."""
-    return LossTerm(proximal_loss, {"anchor": {k: v.detach() for k, v in anchor.items()}, "mu": mu}, name="proximal")
+    return LossTerm(proximal_loss, {"anchor": {k: v.detach() for k, v in anchor.items()}, "mu": mu}, name="proximal",
+                    uses_batch=False)
 
 
 @register_method

@@ -4,6 +4,7 @@
 * ``fedblend report RUN_DIR_OR_FOLDER ... [--out DIR]``
 * ``fedblend partition CONFIG.toml [--set ...] [--out DIR]``  (class-count table + PNG, no training)
 * ``fedblend methods``  (registered methods and transforms with their options)
+* ``fedblend bench CONFIG.toml [--rounds N] [--backend ...]``  (engine vs a plain loop over the same work)
 
 Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
 input (config, flags, usage, an existing run without --resume / --force, a refused resume), 1 for faults
@@ -52,6 +53,13 @@ def _debug(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
+def _runtime_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
+    p.add_argument("--backend", choices=["sequential", "processes", "vmap"],
+                   help="how client halves run (config: backend): worker 'processes', or 'vmap' (batched clients)")
+    p.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="fedblend", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,10 +71,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run already in OUT")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
-    run.add_argument("--backend", choices=["sequential", "processes"],
-                     help="how client halves run (config: backend); 'processes' = worker processes")
-    run.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
+    _runtime_flags(run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) and accuracy curves of runs")
     rep.add_argument("runs", nargs="+", help="run directories or folders containing them")
     rep.add_argument("--out", help="write table.md, table.json and PNG curves here")
@@ -75,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
     _debug(sub.add_parser("methods", help="list methods, transforms and their options"))
+    b = sub.add_parser("bench", help="time engine rounds against a plain PyTorch loop over the same work")
+    _common(b)
+    b.add_argument("--rounds", type=int, default=3, help="rounds to time (default 3)")
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    _runtime_flags(b)
     return ap
 
 
@@ -129,6 +139,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if getattr(args, "threads", None) is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     cfg = load_config(args.config, overrides)
+    if args.cmd == "bench":
+        from fedblend.bench import bench
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(bench(cfg, args.rounds, args.data_dir), indent=2))
+        return 0
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data

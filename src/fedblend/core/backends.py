@@ -6,6 +6,8 @@ lists of :class:`~fedblend.core.client.ClientJob` (training and evaluation alike
 streams, so the order in which clients run changes nothing.
 
 * ``sequential``: one :class:`ClientRuntime` in this process, clients one after another (easy to debug).
+* ``vmap`` (:mod:`fedblend.core.vmap`): clients with matching training specs trained as one batched
+  computation (for GPUs; equal to sequential within floating-point tolerance).
 * ``processes``: ``workers`` worker processes, each holding only its own clients' data (client ``c`` lives in
   worker ``c % workers``); every job crosses the process boundary as flat named arrays
   (:mod:`fedblend.common.codec`): the worker receives the message and that client's state, nothing else. Results
@@ -172,11 +174,17 @@ class ProcessBackend:
         self.procs, self.conns = [], []
 
 
-BACKENDS = {"sequential": SequentialBackend, "processes": ProcessBackend}
+def _vmap_backend():
+    from fedblend.core.vmap import VmapBackend
+
+    return VmapBackend()
+
+
+BACKENDS = {"sequential": SequentialBackend, "processes": ProcessBackend, "vmap": _vmap_backend}
 
 
 def make_backend(name: str, workers: int = 2, threads: int | None = None):
     """The backend called ``name`` (``BACKENDS``)."""
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}")
-    return ProcessBackend(workers, threads) if name == "processes" else SequentialBackend()
+    return ProcessBackend(workers, threads) if name == "processes" else BACKENDS[name]()

@@ -22,7 +22,16 @@ import torch
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import evaluate_params
 from fedblend.core.message import Message
-from fedblend.core.method import ClientCtx, ClientWork, Method, RunInfo, State, same_tensors, train_now
+from fedblend.core.method import (
+    ClientCtx,
+    ClientWork,
+    Method,
+    RunInfo,
+    State,
+    client_tree,
+    same_tensors,
+    train_now,
+)
 from fedblend.core.training import TrainResult, TrainSpec
 from fedblend.data.federated import ClientData
 
@@ -61,12 +70,13 @@ class ClientRuntime:
 
     def __init__(self, method: Method, run: RunInfo, data: Mapping[int, ClientData], tree: SeedTree):
         self.method, self.run, self.data, self.tree = method, run, dict(data), tree
+        self.caches: dict[int, dict] = {}  # per-client memos (ClientCtx.cache), not state
 
     def ctx(self, cid: int, rnd: int, phase: str) -> ClientCtx:
-        purpose = "eval" if phase == EVALUATE else phase
         if cid not in self.data:
             raise KeyError(f"client {cid}'s data is not held by this runtime")
-        return ClientCtx(cid, rnd, self.data[cid], self.run, self.tree.child(purpose, "round", rnd, "client", cid))
+        return ClientCtx(cid, rnd, self.data[cid], self.run, client_tree(self.tree, phase, rnd, cid),
+                         cache=self.caches.setdefault(cid, {}))
 
     def handle(self, job: ClientJob) -> ClientResult:
         t0 = time.perf_counter()

@@ -103,6 +103,14 @@ class ClientCtx:
     run: RunInfo
     tree: SeedTree  # root of this client's streams in this round: tree.torch("batches") etc.
     stats: dict = field(default_factory=dict)
+    #: a memo the client's runtime keeps between calls, *not* state: never checkpointed, possibly empty (another
+    #: process, a resumed run). A client half may store results there that it would otherwise compute again,
+    #: only where the result does not depend on whether the memo is used (e.g. ALA's blend, keyed by its inputs).
+    cache: dict = field(default_factory=dict)
+
+    def tree_for(self, phase: str, rnd: int) -> SeedTree:
+        """This client's streams for ``phase`` in round ``rnd`` (what the runtime hands that exchange)."""
+        return client_tree(SeedTree(self.run.seed), phase, rnd, self.cid)
 
     @property
     def model(self) -> FedModel:
@@ -111,6 +119,11 @@ class ClientCtx:
     @property
     def train(self) -> TrainConfig:
         return self.run.train
+
+
+def client_tree(root: SeedTree, phase: str, rnd: int, cid: int) -> SeedTree:
+    """The seed-tree node of client ``cid``'s streams for ``phase`` (``"evaluate"`` -> ``"eval"``) in round ``rnd``."""
+    return root.child("eval" if phase == "evaluate" else phase, "round", rnd, "client", cid)
 
 
 @dataclass(frozen=True)

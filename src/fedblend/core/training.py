@@ -67,6 +67,7 @@ class LossTerm:
     args: dict = field(default_factory=dict)
     needs_features: bool = False
     name: str = "extra"
+    uses_batch: bool = True  # False: fn ignores the batch (a pull on the parameters), so padding cannot reach it
 
     def __call__(self, params: Params, batch: Batch) -> torch.Tensor:
         return self.fn(params, batch, **self.args)

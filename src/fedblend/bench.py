@@ -1,0 +1,127 @@
+"""``fedblend bench``: the engine's cost against a plain PyTorch loop over exactly the same work, in one run.
+
+For each of ``rounds`` rounds, alternately and in the same process:
+
+* **training**: one engine round (sampling, messages, every selected client's work through the configured
+  backend, aggregation; no evaluation) against "the limit": one ``nn.Module`` trained with ``torch.optim.SGD``
+  (same lr, momentum, weight decay, batch size and epochs) over the same selected clients' training samples,
+  one client after another, with no federated bookkeeping;
+* **evaluation**: the engine's evaluation of every client (evaluation messages, each client's personalized
+  model and the global model where it is a different model) against one ``nn.Module`` evaluated once over the
+  same clients' evaluation split with the same batch size (so a method that evaluates a personalized and a
+  distinct global model per client, or blends / fine-tunes before evaluating, shows that work in the ratio).
+
+It prints seconds per round for both, their ratio (engine / plain: near 1 means the federated machinery costs
+little beyond the arithmetic; above 1 for methods whose clients do extra work, e.g. ALA), samples and clients
+per second, and the peak memory: resident set size of this process and of worker processes (Linux ``ru_maxrss``)
+and, on a GPU, the peak allocated CUDA memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fedblend.config import RunConfig
+from fedblend.core.backends import make_backend
+from fedblend.core.engine import Simulation
+from fedblend.core.sampling import sample_clients
+from fedblend.experiment import build_data
+from fedblend.models.zoo import build_model
+
+
+def _plain_model(sim: Simulation, name: str):
+    model = build_model(name, sim.fed.info).to(sim.run_info.device)
+    model.load_state_dict(sim.run_info.init_params)
+    return model
+
+
+def plain_train(sim: Simulation, name: str, clients: list[int], gen: torch.Generator) -> float:
+    """Seconds of plain local SGD with one module over ``clients``' training samples (same batch sizes)."""
+    cfg = sim.run_info.train
+    model = _plain_model(sim, name)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    _sync(sim)
+    t0 = time.perf_counter()
+    for cid in clients:
+        data = sim.fed.clients[cid]
+        for _ in range(cfg.epochs):
+            for idx in torch.split(torch.randperm(data.num_train, generator=gen), cfg.batch_size):
+                opt.zero_grad()
+                F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+                opt.step()
+    _sync(sim)
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def plain_eval(sim: Simulation, name: str) -> float:
+    """Seconds to evaluate one module once over every client's evaluation split."""
+    model = _plain_model(sim, name).eval()
+    split, bs = sim.protocol.split, sim.protocol.batch_size
+    _sync(sim)
+    t0 = time.perf_counter()
+    for data in sim.fed.clients:
+        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        for i in range(0, len(y), bs):
+            out = model(x[i : i + bs])
+            float(F.cross_entropy(out, y[i : i + bs], reduction="sum"))
+            int((out.argmax(1) == y[i : i + bs]).sum())
+    _sync(sim)
+    return time.perf_counter() - t0
+
+
+def _sync(sim: Simulation) -> None:
+    if torch.device(sim.run_info.device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_mib(device: str) -> dict[str, float]:
+    """Peak resident set size of this process and of its (finished or live) children, and CUDA peak memory."""
+    out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+           "peak_rss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0}
+    if torch.device(device).type == "cuda":
+        out["cuda_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -> dict[str, Any]:
+    """Time ``rounds`` engine rounds of ``cfg`` against the plain loops (see module docstring)."""
+    fed = build_data(cfg, data_dir)
+    device = cfg.resolved_device()
+    sim = Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling,
+                            cfg.eval, backend=make_backend(cfg.backend, cfg.workers), device=device)
+    sim.protocol = dataclasses.replace(sim.protocol, every=10**9)  # evaluation is timed on its own below
+    sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
+    eng_t, plain_t, eng_e, plain_e, samples, clients = [], [], [], [], [], []
+    with sim:
+        for r in range(rounds):
+            selected = sample_clients(sim.sampling, fed.num_clients, sim.next_round, sim.tree)
+            m = sim.run_round()
+            eng_t.append(m["seconds"])
+            plain_t.append(plain_train(sim, cfg.model, selected, torch.Generator().manual_seed(r)))
+            samples.append(sum(fed.clients[c].num_train for c in selected) * cfg.train.epochs)
+            clients.append(len(selected))
+            _sync(sim)
+            e0 = time.perf_counter()
+            sim.evaluate(sim.next_round - 1)
+            _sync(sim)
+            eng_e.append(time.perf_counter() - e0)
+            plain_e.append(plain_eval(sim, cfg.model))
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    return {
+        "config": cfg.label, "method": cfg.method, "backend": cfg.backend,
+        "workers": cfg.workers if cfg.backend == "processes" else None, "device": device,
+        "threads": torch.get_num_threads(), "rounds": rounds,
+        "train_engine_s": mean(eng_t), "train_plain_s": mean(plain_t), "train_ratio": sum(eng_t) / sum(plain_t),
+        "eval_engine_s": mean(eng_e), "eval_plain_s": mean(plain_e), "eval_ratio": sum(eng_e) / sum(plain_e),
+        "round_ratio": (sum(eng_t) + sum(eng_e)) / (sum(plain_t) + sum(plain_e)),
+        "samples_per_s": sum(samples) / sum(eng_t), "clients_per_s": sum(clients) / sum(eng_t),
+        "samples_per_round": mean(samples), **peak_memory_mib(device),
+    }
