@@ -28,6 +28,7 @@ class EvalProtocol:
     split: str = "test"  # "test" or "val"
     batch_size: int = 2048
     report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
+    clients: int | None = None  # evaluate this many clients per evaluated round (a seeded subset), None = all
 
 
 @torch.no_grad()
