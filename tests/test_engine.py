@@ -6,6 +6,7 @@ import torch
 from fedblend.common.rng import SeedTree
 from fedblend.config import load_config
 from fedblend.core.checkpoint import load_checkpoint
+from fedblend.core.engine import Simulation
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.experiment import run_experiment
 from tests.helpers import same_state, tiny_sim, without_timings
@@ -126,3 +127,57 @@ def test_sequential_server_mode_sees_earlier_uploads(tiny_fed):
     sim.method.configure_train = lambda server, cid, sctx: seen.append(orig(server, cid, sctx)) or seen[-1]
     sim.run_round()
     assert not torch.equal(seen[0].params()["fc1.weight"], seen[1].params()["fc1.weight"])
+
+
+def test_disk_store_returns_what_was_stored_and_survives_resume(tiny_fed, tmp_path):
+    """store = disk: exactly the states a memory store holds, one file per client; checkpoints are hard-linked
+    snapshots, so a run resumed from round 2 after later writes equals the uninterrupted run."""
+    from fedblend.core.state import DiskStore
+
+    spec = dict(rounds=4, seed=2, join_ratio=0.5, momentum=0.5, optimizer_state="keep")
+    mem = tiny_sim(tiny_fed, "fedavg+ala", **spec)
+    mem.run()
+    disk = Simulation.create(mem.method, tiny_fed, "mlp", mem.run_info.train, 4, 2, mem.sampling,
+                             store=DiskStore(tmp_path / "clients"))
+    disk.run_round(), disk.run_round()
+    disk.save(tmp_path / "ck" / "checkpoint.pt")
+    disk.run_round(), disk.run_round()  # later writes replace the live files, not the snapshot's
+    assert without_timings(disk.history) == without_timings(mem.history)
+    assert same_state(disk.store.states, mem.store.states) and sorted(disk.store) == sorted(mem.store.states)
+    twin = Simulation.create(mem.method, tiny_fed, "mlp", mem.run_info.train, 4, 2, mem.sampling,
+                             store=DiskStore(tmp_path / "clients2"))
+    twin.restore(tmp_path / "ck" / "checkpoint.pt")
+    assert twin.next_round == 2 and (tmp_path / "ck" / "clients.ckpt").is_dir()
+    twin.run()
+    assert without_timings(twin.history) == without_timings(mem.history)
+    assert same_state(twin.store.states, mem.store.states)
+    assert disk.store.get(99) is None and 99 not in disk.store
+
+
+def test_eval_clients_subset_is_seeded(tiny_fed):
+    from fedblend.core.evaluation import evaluate_params
+
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=2)
+    other = tiny_sim(tiny_fed, "local", rounds=2)  # same seed, another method: the same clients
+    sim.protocol = other.protocol = type(sim.protocol)(clients=2)
+    chosen = sim.eval_clients(0)
+    assert len(set(chosen)) == 2 and chosen == other.eval_clients(0)
+    assert len({tuple(sim.eval_clients(t)) for t in range(20)}) > 1  # a different subset in other rounds
+    m = sim.run_round()
+    res = [evaluate_params(sim.model, sim.server["global"], tiny_fed.clients[c].test_x, tiny_fed.clients[c].test_y)
+           for c in chosen]
+    assert m["eval_clients"] == 2 and m["acc"] == sum(r[0] for r in res) / sum(r[2] for r in res)
+    assert "eval_clients" not in tiny_sim(tiny_fed, "fedavg", rounds=1).run_round()  # all clients: no extra key
+
+
+def test_run_with_disk_store_resumes_and_matches_memory(tmp_path):
+    """store = "disk" through the run contract: same metrics as the memory store, files per client, and a killed
+    run resumed (also switching the store, a runtime-only field) equals the uninterrupted one."""
+    mem = run_experiment(_cfg(tmp_path, "fedavg+ala"), tmp_path / "mem")
+    disk = run_experiment(_cfg(tmp_path, "fedavg+ala", ["store='disk'"]), tmp_path / "disk")
+    assert _metrics(tmp_path / "mem") == _metrics(tmp_path / "disk") and mem["best_accuracy"] == disk["best_accuracy"]
+    assert sorted(p.name for p in (tmp_path / "disk" / "clients").glob("*.pt"))
+    assert (tmp_path / "disk" / "clients.ckpt").is_dir()
+    run_experiment(_cfg(tmp_path, "fedavg+ala", ["store='disk'"]), tmp_path / "cut", stop_after=3)
+    run_experiment(_cfg(tmp_path, "fedavg+ala"), tmp_path / "cut", resume=True)  # resumed in memory
+    assert _metrics(tmp_path / "mem") == _metrics(tmp_path / "cut")

@@ -12,6 +12,7 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes) or "vmap"
     workers = 2                # worker processes of the "processes" backend
     on_nonfinite = "stop"      # a client update with NaN/inf: "stop" the run, or "skip" that client's update
+    store = "memory"           # client states in "memory", or on "disk" (OUT/clients, one file per client)
     [partition] ...            # fedblend.data.federated.PartitionSpec
     [train] ...                # fedblend.core.training.TrainConfig
     [sampling] ...             # fedblend.core.sampling.SamplingConfig
@@ -55,16 +56,17 @@ else:  # pragma: no cover
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol}
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
-           "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str}
+           "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str, "store": str}
 DEVICES = ("cpu", "cuda", "auto")
 BACKEND_NAMES = ("sequential", "processes", "vmap")
 NONFINITE_POLICIES = ("stop", "skip")
+STORES = ("memory", "disk")
 SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
-                  "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES}
+                  "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES, "store": STORES}
 SCALAR_RANGES = {"rounds": ">= 1", "seed": ">= 0", "checkpoint_every": ">= 0", "workers": ">= 1"}
 # Fields that change how a run executes but not its results: they may differ on --resume and are left out of
 # the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result).
-RUNTIME_ONLY = ("backend", "workers")
+RUNTIME_ONLY = ("backend", "workers", "store")
 # [partition] fields that apply to some splits only: setting one for another split is an error.
 SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("train_val_test",),
               "test_per_client": ("official",), "min_test_samples": ("official",)}
@@ -83,6 +85,7 @@ class RunConfig:
     backend: str = "sequential"
     workers: int = 2
     on_nonfinite: str = "stop"
+    store: str = "memory"
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

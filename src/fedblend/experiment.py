@@ -55,6 +55,7 @@ from fedblend.config import RUNTIME_ONLY, RunConfig, check_model_fits, config_di
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint
 from fedblend.core.engine import Simulation
+from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
 
@@ -272,6 +273,11 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     created = not out.exists()
     start = 0
     try:
+        if cfg.store == "disk":  # one file per client under OUT/clients (a fresh run starts it empty)
+            if ck is None:
+                for d in ("clients", "clients.ckpt"):
+                    shutil.rmtree(out / d, ignore_errors=True)
+            sim.store = DiskStore(out / "clients", device)
         if ck is not None:
             sim.restore(ck_path, ck)
             start = sim.next_round

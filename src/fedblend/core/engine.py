@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedblend.common.codec import decode, encode
 from fedblend.common.errors import NonFiniteError
 from fedblend.common.rng import SeedTree
@@ -67,15 +69,16 @@ class Simulation:
     @classmethod
     def create(cls, method: Method, fed: FederatedData, model_name: str, train: TrainConfig, rounds: int,
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
-               backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop") -> Simulation:
+               backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop",
+               store: ClientStore | None = None) -> Simulation:
         tree = SeedTree(seed)
         model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
         model.requires_grad_(False)
         run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch
-        sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {}, ClientStore(),
-                  tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite)
+        sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {},
+                  store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite)
         sim.server = method.init_server(sim.sctx(0))
         return sim
 
@@ -191,9 +194,10 @@ class Simulation:
         sctx = self.sctx(t)
         config = {"split": split or self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
-        for lo in range(0, self.fed.num_clients, EVAL_CHUNK):
+        cids = self.eval_clients(t)
+        for lo in range(0, len(cids), EVAL_CHUNK):
             jobs = []
-            for cid in range(lo, min(lo + EVAL_CHUNK, self.fed.num_clients)):
+            for cid in cids[lo : lo + EVAL_CHUNK]:
                 msg = self.method.configure_evaluate(self.server, cid, sctx)
                 msg.config.update(config)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))
@@ -203,9 +207,19 @@ class Simulation:
                 if "global_correct" in m:
                     glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
         out = summarise(personal)
+        if len(cids) < self.fed.num_clients:
+            out["eval_clients"] = len(cids)
         if glob:
             out.update({f"global_{k}": v for k, v in summarise(glob).items()})
         return out
+
+    def eval_clients(self, t: int) -> list[int]:
+        """The clients evaluated in round ``t``: all, or ``eval.clients`` of them drawn from the seed tree (the
+        same subset for every method and backend with this seed; a different one each round)."""
+        n, k = self.fed.num_clients, self.protocol.clients
+        if k is None or k >= n:
+            return list(range(n))
+        return sorted(torch.randperm(n, generator=self.tree.torch("eval-clients", t))[:k].tolist())
 
     # ------------------------------------------------------------------------------------------- the loop
     def run(self, on_round: Callable[[dict], None] | None = None, checkpoint_dir: str | Path | None = None,
@@ -220,7 +234,8 @@ class Simulation:
         return self.history
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": self.store.states,
+        clients = self.store.checkpoint(Path(path).parent)
+        save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
                                "history": self.history, "extra": extra or {},
                                "train": asdict(self.run_info.train)})
 
@@ -232,7 +247,7 @@ class Simulation:
             ck = decode_to(ck, self.run_info.device)
         self.next_round = ck["next_round"]
         self.server = ck["server"]
-        self.store.states = dict(ck["clients"])
+        self.store.restore(ck["clients"], Path(path).parent)
         self.history = ck["history"]
         return ck.get("extra", {})
 

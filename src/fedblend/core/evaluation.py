@@ -25,13 +25,14 @@ class EvalProtocol:
     """What a reported accuracy means (the ``[eval]`` table of a run config)."""
 
     CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final"), "select": ("test", "val")}
-    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1"}
+    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1", "clients": ">= 1"}
 
     every: int = 1  # evaluate every k rounds (and always at the last round)
     split: str = "test"  # "test" or "val"
     batch_size: int = 2048
     report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
     select: str = "test"  # "val": also evaluate on validation; the headline is test accuracy at the best-val round
+    clients: int | None = None  # evaluate this many clients per evaluated round (a seeded subset), None = all
 
     def validate(self, where: str) -> None:
         if self.select == "val" and self.split != "test":
