@@ -28,6 +28,11 @@ class EvalProtocol:
     split: str = "test"  # "test" or "val"
     batch_size: int = 2048
     report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
+    #: also score each training client's model before ("bp_acc") and after ("ap_acc") its local training, on
+    #: ``split``, pooled over the round's participants (pFedRLLA Table 2's BP / AP)
+    before_after: bool = False
+    #: summary.json's ``rounds_to_target``: the first round whose accuracy reaches this (None: not reported)
+    target: float | None = None
 
 
 @torch.no_grad()
