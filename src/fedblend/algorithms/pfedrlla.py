@@ -231,11 +231,13 @@ class PFedRLLA(Method):
         if self.opts.agent:
             data = load_agent(self.opts.agent)
             emb = data["embed"]
-            if emb["kind"] != self.opts.embedding or [tuple(s) for s in emb["shapes"]] != shapes:
+            mine = embedding.signature({"kind": self.opts.embedding, "dim": self.opts.emb_dim,
+                                        "factor": self.opts.factor, "shapes": shapes})
+            if embedding.signature(emb) != mine:
                 raise ValueError(
-                    f"options.agent = {self.opts.agent!r}: its embedding network is {emb['kind']!r} for head layer "
-                    f"matrices {[tuple(s) for s in emb['shapes']]}, but this run uses {self.opts.embedding!r} with "
-                    f"{shapes} (model / head layers differ); pre-train with the same model and options")
+                    f"options.agent = {self.opts.agent!r}: its embedding network (kind, dim, factor, head layer "
+                    f"matrices) is {embedding.signature(emb)}, this run needs {mine} (a different model, head "
+                    "layers or embedding options); pre-train with the same model and options")
             return {**server, "embed": emb, "agent": data["agent"], "pretrained": True}
         return {**server, "embed": embedding.init_embedder(shapes, sctx.tree.torch("embedder-init"), self.opts.embed)}
 

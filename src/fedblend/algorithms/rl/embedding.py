@@ -57,7 +57,7 @@ def layer_matrices(params: Mapping[str, torch.Tensor], groups: Sequence[Sequence
 def init_embedder(shapes: Sequence[tuple[int, int]], gen: torch.Generator, cfg: EmbedConfig) -> dict:
     """Projections (for ``mhae`` / ``flat``) and the auto-encoder's weights and Adam state."""
     f, d, n_layers = cfg.factor, cfg.dim, len(shapes)
-    state: dict = {"kind": cfg.kind, "dim": d, "shapes": [list(s) for s in shapes], "trained_steps": 0}
+    state: dict = {"kind": cfg.kind, "dim": d, "factor": f, "shapes": [list(s) for s in shapes], "trained_steps": 0}
     if cfg.kind == "pca":
         return state
     state["proj"] = [{"left": torch.randn(f, m, generator=gen) / m ** 0.5,
@@ -70,6 +70,11 @@ def init_embedder(shapes: Sequence[tuple[int, int]], gen: torch.Generator, cfg: 
                **{f"dec.{k}": v for k, v in mlp_init([d, 256, n_layers * f * f], gen).items()}}
     state["net"], state["opt"] = net, adam_init(net)
     return state
+
+
+def signature(emb: Mapping) -> tuple:
+    """What must match for an embedding network to serve another run: kind, sizes, the head layers' shapes."""
+    return emb["kind"], int(emb["dim"]), int(emb["factor"]), [tuple(int(x) for x in s) for s in emb["shapes"]]
 
 
 def _part(net: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
