@@ -266,3 +266,20 @@ def test_before_after_scores_and_rounds_to_target(tiny_fed):
     assert s["rounds_to_target"] == 1 and "ap_final_accuracy" in s
     sim.protocol = EvalProtocol(target=1.01)
     assert summarize(RunConfig(), sim, 1.0)["rounds_to_target"] is None
+
+
+def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
+    from fedblend.cli.main import main
+
+    base = ["--set", "dataset=synthetic", "--set", "model=mlp", "--set", "rounds=2", "--set", "partition.num_clients=4",
+            "--set", "partition.min_samples=5", "--set", "train.lr=0.05", "--set", "method=pfedrlla", "--quiet",
+            "--set", "sampling.join_ratio=0.5", "--set", "options.emb_dim=16", "--set", "options.factor=8",
+            "--set", "options.hidden=32", "--set", "options.random_rounds=1", "--set", "options.update_every=1"]
+    agent = tmp_path / "agent.pt"
+    assert main(["pretrain", *base, "--out", str(agent)]) == 0
+    data = load_agent(agent)
+    assert data["agent"]["updates"] == 10  # rounds 1-2, 5 updates each (notes' schedule)
+    assert "body = \"local\"" in (tmp_path / "agent.pt.run" / "config.toml").read_text()
+    assert main(["run", *base, "--set", f"options.agent={str(agent)!r}", "--out", str(tmp_path / "run")]) == 0
+    assert main(["pretrain", "--set", "dataset=synthetic", "--out", str(agent)]) == 2
+    assert "method = 'pfedrlla'" in capsys.readouterr().err

@@ -4,6 +4,7 @@
 * ``fedblend report RUN_DIR_OR_FOLDER ... [--out DIR]``
 * ``fedblend partition CONFIG.toml [--set ...] [--out DIR]``  (class-count table + PNG, no training)
 * ``fedblend methods``  (registered methods and transforms with their options)
+* ``fedblend pretrain CONFIG.toml --out agent.pt [--set ...]``  (pFedRLLA's agent + embedding network, App. D)
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
     sub.add_parser("methods", help="list methods, transforms and their options")
+    pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
+                                          "run CONFIG with the body kept local, write the agent file to --out")
+    _common(pre)
+    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    pre.add_argument("--quiet", action="store_true", help="no progress display")
     return ap
 
 
@@ -83,6 +89,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if getattr(args, flag, None) is not None:
             overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
     cfg = load_config(args.config, overrides)
+    if args.cmd == "pretrain":
+        return _pretrain(cfg, args)
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data
@@ -107,6 +115,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "global_accuracy", "seconds_per_round"]
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {out}")
+    return 0
+
+
+def _pretrain(cfg, args: argparse.Namespace) -> int:
+    """Run ``cfg`` as a pFedRLLA pre-training run (its results directory is ``OUT.run/``), then write the
+    agent file ``OUT`` that ``options.agent`` loads."""
+    from fedblend.algorithms.pfedrlla import pretrain_options, save_agent
+    from fedblend.common.options import ConfigError
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+    from fedblend.experiment import Progress, run_experiment
+
+    if cfg.method != "pfedrlla":
+        raise ConfigError(f"pretrain needs method = 'pfedrlla', got {cfg.method!r}")
+    if not args.out:
+        raise ConfigError("pretrain needs --out AGENT_FILE")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg.options = pretrain_options(cfg.options)
+    cfg.checkpoint_every = cfg.rounds
+    out = Path(args.out)
+    run_dir = out.with_name(out.name + ".run")
+    progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
+    run_experiment(cfg, run_dir, args.data_dir, progress=progress)
+    save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
+    print(f"agent file {out} (pre-training run in {run_dir})")
     return 0
 
 
