@@ -1,6 +1,10 @@
-"""Write the T4 configs (pFedRLLA paper protocol on MNIST / Fashion-MNIST) under configs/benchmarks/.
+"""Write the T4 configs (pFedRLLA paper protocol on MNIST / Fashion-MNIST) (configs/t4/ and the core rows in configs/benchmarks/).
 
-    python scripts/make_t4_configs.py          # (re)writes configs/benchmarks/t4-*.toml
+    python scripts/make_t4_configs.py          # (re)writes configs/t4/t4-*.toml and the core rows
+
+The core rows (``CORE``: FMNIST pathological s = 2, FedAvg and pFedRLLA) go to configs/benchmarks/, whose every
+config has a 3-round golden (tests/golden/benchmarks, ``scripts/golden.py record``); the rest of the grid goes to
+configs/t4/ (the pre-trained rows need an agent file first, see below, so they cannot have a golden).
 
 Protocol (shared/benchmarks.md T4, paper Sec. 4.1, notes "pFedRLLA"): 100 clients, 10% join (fixed), per-client
 65/15/20 train/val/test, 4-layer CNN, SGD lr 0.01 momentum 0.5 batch 64, 5 local epochs, 500 rounds (the paper;
@@ -12,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "configs" / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1] / "configs"
+CORE = {"t4-fmnist-pat2-fedavg", "t4-fmnist-pat2-pfedrlla"}
 DATASETS = {"fmnist": 0.85, "mnist": 0.95}  # target accuracy for rounds_to_target (our choice, see docs)
 PARTITIONS = {
     "pat2": {"kind": "pathological", "classes_per_client": 2},
@@ -76,7 +81,7 @@ def main() -> None:
             # with pre-training: the agent from the s = 4 scenario (App. D), made by `fedblend pretrain`
             name = f"t4-{ds}-{pname}-pfedrlla-pretrained"
             made.append((name, config(name, "pfedrlla", ds, part, {"agent": f"agents/t4-{ds}-pat4.pt"}, target,
-                                      head + "; agent file from: fedblend pretrain configs/benchmarks/"
+                                      head + "; agent file from: fedblend pretrain configs/t4/"
                                       f"t4-{ds}-pat4-pretrain.toml --out agents/t4-{ds}-pat4.pt")))
         name = f"t4-{ds}-pat4-pretrain"
         made.append((name, config(name, "pfedrlla", ds, {"kind": "pathological", "classes_per_client": 4}, {},
@@ -89,9 +94,10 @@ def main() -> None:
     made.append((name, config(name, "pfedrlla", "fmnist", {"kind": "pathological", "classes_per_client": 2}, {},
                               DATASETS["fmnist"], "App. F.3 / Fig. 3: nine clients, full participation; "
                               "scripts/pfedrlla_plots.py draws the head-weight heatmap", clients=9, join=1.0)))
+    (ROOT / "t4").mkdir(exist_ok=True)
     for name, text in made:
-        (OUT / f"{name}.toml").write_text(text)
-    print(f"wrote {len(made)} configs to {OUT}")
+        (ROOT / ("benchmarks" if name in CORE else "t4") / f"{name}.toml").write_text(text)
+    print(f"wrote {len(made)} configs: {sorted(CORE)} to {ROOT / 'benchmarks'}, the rest to {ROOT / 't4'}")
 
 
 if __name__ == "__main__":
