@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedblend.algorithms.pfedrlla import (
+    PFedRLLAOptions,
     load_agent,
     reward,
     reward_terms,
@@ -159,7 +160,7 @@ def test_round_rewards_match_the_clients_scores(tiny_fed):
 
 # ------------------------------------------------------------------------------------------ the agent
 def test_agent_update_moves_actor_toward_higher_critic_value():
-    cfg = ddpg.DDPGConfig(hidden=32, batch=32, actor_lr=3e-3, critic_lr=3e-3)
+    cfg = PFedRLLAOptions(hidden=32, batch=32, actor_lr=3e-3, critic_lr=3e-3)
     g = torch.Generator().manual_seed(0)
     agent = ddpg.init_agent(4, 3, g, cfg)
     obs = torch.randn(64, 4, generator=g)
@@ -179,7 +180,7 @@ def test_agent_update_moves_actor_toward_higher_critic_value():
 
 
 def test_replay_buffer_is_a_ring():
-    agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), ddpg.DDPGConfig(hidden=4))
+    agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), PFedRLLAOptions(hidden=4))
     for i in range(5):
         agent = ddpg.store(agent, torch.full((1, 2), float(i)), torch.ones(1, 2) / 2, torch.tensor([float(i)]), 3)
     assert agent["buffer"]["rew"].tolist() == [3.0, 4.0, 2.0] and agent["buffer"]["next"] == 2

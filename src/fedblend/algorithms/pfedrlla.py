@@ -79,7 +79,7 @@ class PFedRLLAOptions:
     r3_norm: str = "squared"  # paper Eq. 1d; "plain": the code's unsquared norm
     # DDPG (notes)
     hidden: int = 256
-    gamma: float = 0.9
+    gamma: float = 0.9  # kept for the record: one-step episodes make the bootstrap term vanish (rl/ddpg.py)
     polyak: float = 0.96
     actor_lr: float = 1e-3
     critic_lr: float = 1e-3
@@ -101,11 +101,6 @@ class PFedRLLAOptions:
                 raise ConfigError(f"{where}.{name} must be >= 1, got {getattr(self, name)}")
         if self.noise < 0 or not 0 <= self.polyak <= 1:
             raise ConfigError(f"{where}: noise must be >= 0 and polyak in [0, 1]")
-
-    @property
-    def ddpg(self) -> ddpg.DDPGConfig:
-        return ddpg.DDPGConfig(self.hidden, self.gamma, self.polyak, self.actor_lr, self.critic_lr, self.buffer,
-                               self.batch, self.noise)
 
     @property
     def embed(self) -> embedding.EmbedConfig:
@@ -294,7 +289,7 @@ class PFedRLLA(Method):
         agent = server["agent"]
         obs_dim, act_dim = (n_prev + 1) * e.shape[1], n_prev + 1
         if agent is None:
-            agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts.ddpg)
+            agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts)
         elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
             src = f"the pre-trained agent {self.opts.agent!r}" if server["pretrained"] else "the agent"
             raise ValueError(
@@ -369,7 +364,7 @@ class PFedRLLA(Method):
         agent = ddpg.store(server["agent"], rnd["obs"], rnd["actions"], torch.tensor(rewards), self.opts.buffer)
         t = sctx.rnd + 1
         for u in range(self.agent_updates_due(t, server["pretrained"])):
-            agent, info = ddpg.update(agent, sctx.tree.torch("replay", u), self.opts.ddpg)
+            agent, info = ddpg.update(agent, sctx.tree.torch("replay", u), self.opts)
             sctx.stats.update({f"agent_{k}": v for k, v in info.items()})
         n = len(rewards)
         sctx.stats.update(reward=sum(rewards) / n, rewards=rewards, r1=sum(x[0] for x in terms) / n,

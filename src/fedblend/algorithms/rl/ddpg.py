@@ -16,23 +16,21 @@ noise, random actions, replay batches) comes from generators the caller passes i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from fedblend.algorithms.rl.nets import Net, adam_init, minimise, mlp, mlp_init, polyak
 
 
-@dataclass(frozen=True)
-class DDPGConfig:
-    hidden: int = 256
-    gamma: float = 0.9  # unused by one-step targets (see module docstring)
-    polyak: float = 0.96
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    buffer: int = 100_000
-    batch: int = 32
-    noise: float = 0.03
+class DDPGConfig(Protocol):
+    """The hyperparameters the agent reads (pFedRLLA's options carry them; notes' values as defaults there)."""
+
+    hidden: int  # width of the actor's and critic's two hidden layers (256)
+    polyak: float  # soft target update factor (0.96)
+    actor_lr: float  # Adam (1e-3)
+    critic_lr: float  # Adam (1e-3)
+    batch: int  # replay batch (32)
 
 
 def init_agent(obs_dim: int, act_dim: int, gen: torch.Generator, cfg: DDPGConfig) -> dict:
