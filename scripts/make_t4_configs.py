@@ -90,6 +90,12 @@ def main() -> None:
         name = f"t4-fmnist-pat2-{aname}"
         made.append((name, config(name, "pfedrlla", "fmnist", PARTITIONS["pat2"], opts, DATASETS["fmnist"],
                                   head + "; ablation")))
+    for mname in ("fedavg", "fedavg-ft", "fedala", "pfedrlla"):  # MNIST* (App. B.1; stand-in for MNIST-M)
+        method, opts = METHODS[mname]
+        name = f"t4-mnist_star-domains-{mname}"
+        made.append((name, config(name, method, "mnist_star", {"kind": "domains", "domain_shares": [0.4, 0.4, 0.2]},
+                                  opts, 0.9, head + "; MNIST* = MNIST / USPS / mnist-texture (a stand-in for "
+                                  "MNIST-M), one domain per client")))
     name = "t4-fmnist-nine-clients-pfedrlla"  # App. F.3 / Fig. 3: nine clients, full participation
     made.append((name, config(name, "pfedrlla", "fmnist", {"kind": "pathological", "classes_per_client": 2}, {},
                               DATASETS["fmnist"], "App. F.3 / Fig. 3: nine clients, full participation; "
