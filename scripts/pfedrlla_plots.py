@@ -58,14 +58,14 @@ def reward_curve(history: list[dict], out: Path) -> None:
 
 
 def head_weight_matrix(entry: dict, num_clients: int) -> np.ndarray:
-    """Row k: client k's head weights on each client (previous participants, its own upload added to column k)."""
+    """Row k: client k's head weights on each client (previous participants, its own upload added to column k;
+    NaN where a client was not among them)."""
     mat = np.full((num_clients, num_clients), np.nan)
     prev = entry["head_prev_cids"]
     for k, weights in entry["head_weights"]:
-        row = np.zeros(num_clients)
-        for j, w in zip(prev, weights[:-1]):
-            row[j] += w
-        row[k] += weights[-1]
+        row = np.full(num_clients, np.nan)  # NaN: client j was not in K' for this row
+        for j, w in zip(list(prev) + [k], weights):
+            row[j] = w + (0.0 if np.isnan(row[j]) else row[j])
         mat[k] = row
     return mat
 
@@ -76,7 +76,7 @@ def head_heatmap(history: list[dict], groups: list[frozenset], out: Path) -> Non
         return
     mat = head_weight_matrix(last, len(groups))
     fig, ax = plt.subplots(figsize=(5, 4.5))
-    im = ax.imshow(mat, cmap="viridis")
+    im = ax.imshow(np.ma.masked_invalid(mat), cmap="viridis")
     ax.set_xlabel("contributing client")
     ax.set_ylabel("target client k")
     ax.set_title(f"pFedRLLA head weights, round {last['round']}", fontsize=9)
@@ -89,7 +89,8 @@ def head_heatmap(history: list[dict], groups: list[frozenset], out: Path) -> Non
         for j in range(len(groups)):
             if j != k and not np.isnan(mat[k, j]):
                 (same if groups[k] & groups[j] else other).append(mat[k, j])
-    print(f"head weights, round {last['round']}: mean self {np.nanmean(np.diag(mat)):.4f}, on clients sharing a "
+    print(f"head weights, round {last['round']}: mean self {np.nanmean(np.diag(mat)):.4f} (uniform would be "
+          f"{1 / len(last['head_weights'][0][1]):.4f}), on clients sharing a "
           f"class {np.mean(same) if same else float('nan'):.4f} ({len(same)} pairs), sharing none "
           f"{np.mean(other) if other else float('nan'):.4f} ({len(other)} pairs)")
 
