@@ -139,3 +139,30 @@ def test_errors_name_the_parameter(kw, field):
 def test_min_size_unreachable_after_redraws_says_how_to_fix():
     with pytest.raises(PartitionError, match=r"in 5 draws.*raise partition.alpha"):
         draw("dirichlet", alpha=0.01, rule="fedapa", min_samples=140, max_tries=5)
+
+
+def test_domains_partition_gives_each_client_one_domain():
+    from fedblend.data.partition import PartitionError, draw_domains
+
+    domains = np.repeat([0, 1, 2], [500, 300, 200])
+    parts = draw_domains(domains, 10, np.random.default_rng(0), (0.4, 0.4, 0.2))
+    assert len(parts) == 10 and sorted(np.concatenate(parts).tolist()) == list(range(1000))  # every sample once
+    owners = [set(domains[p].tolist()) for p in parts]
+    assert all(len(o) == 1 for o in owners)
+    assert [o.pop() for o in owners] == [0] * 4 + [1] * 4 + [2] * 2  # 40 / 40 / 20 % of the clients
+    assert [len(p) for p in parts[:4]] == [125] * 4 and [len(p) for p in parts[8:]] == [100, 100]
+    with pytest.raises(PartitionError, match="one per domain"):
+        draw_domains(domains, 10, np.random.default_rng(0), (0.5, 0.5))
+
+
+def test_mnist_star_domains(real_data_dir):
+    pytest.importorskip("h5py")
+    from fedblend.data.federated import PartitionSpec, build_federated
+    from fedblend.data.sources import load_dataset
+
+    raw = load_dataset("mnist_star", real_data_dir)
+    assert raw.train_x.shape[1:] == (3, 28, 28) and np.bincount(raw.train_domain).tolist() == [30000, 7291, 30000]
+    fed = build_federated(raw, PartitionSpec(kind="domains", num_clients=10, split="train_val_test"), 0)
+    pool = np.concatenate([raw.train_domain, raw.test_domain])
+    assert [set(pool[i].tolist()) for i in fed.indices["train"]] == [{0}] * 4 + [{1}] * 4 + [{2}] * 2
+    assert fed.info["domain_names"] == ("mnist", "usps", "mnist-texture")

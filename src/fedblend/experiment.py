@@ -239,6 +239,13 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         out.update(global_accuracy=gbest["global_acc"] if sim.protocol.report == "best" else final["global_acc"],
                    global_best_accuracy=gbest["global_acc"], global_best_round=gbest["round"],
                    global_final_accuracy=final["global_acc"])
+    if sim.protocol.target is not None:
+        hit = [m["round"] for m in evals if m["acc"] >= sim.protocol.target]
+        out.update(target_accuracy=sim.protocol.target, rounds_to_target=hit[0] if hit else None)
+    for tag in ("bp", "ap"):
+        vals = [m[f"{tag}_acc"] for m in sim.history if f"{tag}_acc" in m]
+        if vals:
+            out[f"{tag}_best_accuracy"], out[f"{tag}_final_accuracy"] = max(vals), vals[-1]
     out["accuracy"] = sel["accuracy"]
     return out
 

@@ -12,6 +12,7 @@ from fedblend.algorithms import (  # noqa: F401  (registration)
     fedavg_ft,
     fedprox,
     local,
+    pfedrlla,
 )
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method
 

@@ -5,6 +5,7 @@
 * ``fedblend partition CONFIG.toml [--set ...] [--out DIR]``  (class-count table + PNG, no training)
 * ``fedblend methods``  (registered methods and transforms with their options)
 * ``fedblend bench CONFIG.toml [--rounds N] [--backend ...]``  (engine vs a plain loop over the same work)
+* ``fedblend pretrain CONFIG.toml --out agent.pt [--set ...]``  (pFedRLLA's agent + embedding network, App. D)
 
 Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
 input (config, flags, usage, an existing run without --resume / --force, a refused resume), 1 for faults
@@ -85,6 +86,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3, help="rounds to time (default 3)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     _runtime_flags(b)
+    pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
+                                          "run CONFIG with the body kept local, write the agent file to --out")
+    _common(pre)
+    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    pre.add_argument("--quiet", action="store_true", help="no progress display")
+    pre.add_argument("--force", action="store_true", help="replace an earlier pre-training run in OUT.run")
     return ap
 
 
@@ -146,6 +153,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             torch.set_num_threads(args.threads)
         print(json.dumps(bench(cfg, args.rounds, args.data_dir), indent=2))
         return 0
+    if args.cmd == "pretrain":
+        return _pretrain(cfg, args)
     if args.cmd == "partition":
         from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data
@@ -175,6 +184,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "global_accuracy", "seconds_per_round"]
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {out}")
+    return 0
+
+
+def _pretrain(cfg, args: argparse.Namespace) -> int:
+    """Run ``cfg`` as a pFedRLLA pre-training run (its results directory is ``OUT.run/``), then write the
+    agent file ``OUT`` that ``options.agent`` loads."""
+    from fedblend.algorithms.pfedrlla import pretrain_options, save_agent
+    from fedblend.common.options import ConfigError
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+    from fedblend.experiment import Progress, run_experiment
+
+    if cfg.method != "pfedrlla":
+        raise ConfigError(f"pretrain needs method = 'pfedrlla', got {cfg.method!r}")
+    if not args.out:
+        raise ConfigError("pretrain needs --out AGENT_FILE")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg.options = pretrain_options(cfg.options)
+    cfg.checkpoint_every = cfg.rounds
+    out = Path(args.out)
+    run_dir = out.with_name(out.name + ".run")
+    progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
+    run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
+    save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
+    print(f"agent file {out} (pre-training run in {run_dir})")
     return 0
 
 

@@ -37,7 +37,7 @@ from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.evaluation import EvalProtocol, summarise
 from fedblend.core.message import Message, first_nonfinite
-from fedblend.core.method import ClientCtx, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import ClientStore
 from fedblend.core.training import TrainConfig
@@ -127,6 +127,9 @@ class Simulation:
 
         def exchange(phase: str, cids: list[int]) -> dict[int, Message]:
             msgs = {cid: self.method.configure(phase, self.server, cid, sctx) for cid in cids}
+            if self.protocol.before_after:
+                for m in msgs.values():
+                    m.config[BEFORE_AFTER] = self.protocol.split
             results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
             replies = {}
             for cid, res in zip(cids, results):
@@ -159,8 +162,11 @@ class Simulation:
             "train_loss": _mean([stats[c].get("train_loss") for c in selected]),
             "seconds": train_seconds,
         }
-        for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"}):
+        pooled = _pool_counts([stats[c] for c in selected])
+        metrics.update(pooled.pop("_values"))
+        for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"} - pooled["_keys"]):
             metrics[key] = _mean([stats[c].get(key) for c in selected])
+        metrics.update(sctx.stats)
         metrics.update(_time_shares([stats[c] for c in selected]))
         if skipped:
             metrics["nonfinite_clients"] = sorted(set(skipped))
@@ -266,6 +272,18 @@ def _time_shares(stats: list[dict]) -> dict[str, float]:
     if total <= 0:
         return {}
     return {k[: -len("_seconds")] + "_share": sum(float(s.get(k) or 0.0) for s in stats) / total for k in keys}
+
+
+def _pool_counts(stats: list[dict]) -> dict:
+    """Per-client counts ``X_correct`` / ``X_n`` pooled into ``X_acc = sum correct / sum n`` over the round's
+    clients (e.g. the before / after local training scores); returns the values and the keys consumed."""
+    tags = sorted({k[: -len("_correct")] for s in stats for k in s if k.endswith("_correct")})
+    values, keys = {}, set()
+    for t in tags:
+        n = sum(int(s.get(f"{t}_n", 0)) for s in stats)
+        values[f"{t}_acc"] = sum(int(s.get(f"{t}_correct", 0)) for s in stats) / n if n else float("nan")
+        keys |= {f"{t}_correct", f"{t}_n"}
+    return {"_values": values, "_keys": keys}
 
 
 def _mean(values: list) -> float:

@@ -25,7 +25,7 @@ class EvalProtocol:
     """What a reported accuracy means (the ``[eval]`` table of a run config)."""
 
     CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final"), "select": ("test", "val")}
-    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1", "clients": ">= 1"}
+    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1", "clients": ">= 1", "target": "(0, 1]"}
 
     every: int = 1  # evaluate every k rounds (and always at the last round)
     split: str = "test"  # "test" or "val"
@@ -33,6 +33,11 @@ class EvalProtocol:
     report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
     select: str = "test"  # "val": also evaluate on validation; the headline is test accuracy at the best-val round
     clients: int | None = None  # evaluate this many clients per evaluated round (a seeded subset), None = all
+    #: also score each training client's model before ("bp_acc") and after ("ap_acc") its local training, on
+    #: ``split``, pooled over the round's participants (pFedRLLA Table 2's BP / AP)
+    before_after: bool = False
+    #: summary.json's ``rounds_to_target``: the first round whose accuracy reaches this (None: not reported)
+    target: float | None = None
 
     def validate(self, where: str) -> None:
         if self.select == "val" and self.split != "test":

@@ -48,6 +48,7 @@ import torch
 
 from fedblend.common.params import Params, clone, select, weighted_average
 from fedblend.common.rng import SeedTree
+from fedblend.core.evaluation import evaluate_params
 from fedblend.core.message import Message, comm_bytes
 from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, run_spec
 from fedblend.data.federated import ClientData
@@ -86,6 +87,8 @@ class ServerCtx:
     run: RunInfo
     rnd: int  # 0-based round
     tree: SeedTree  # the server's streams in this round
+    #: numbers (or lists of numbers) the server half reports for the round's metrics, e.g. its own timings
+    stats: dict = field(default_factory=dict)
 
     @property
     def model(self) -> FedModel:
@@ -307,7 +310,9 @@ class Method:
     def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
         params = self.client_init(msg, cstate, ctx)
         params, cstate = self.apply_transforms(params, cstate, ctx)
+        score_before_after("bp", params, msg, ctx)
         res = yield self.train_spec(params, msg, cstate, ctx)
+        score_before_after("ap", res.params, msg, ctx)
         cstate = self.record_training(res, cstate, ctx)
         if self.keeps_model:
             cstate = {**cstate, "params": res.params}
@@ -327,6 +332,23 @@ class Method:
         for t in self.transforms:
             params = t.eval_params(self, msg, cstate, ctx, params)
         return params
+
+
+BEFORE_AFTER = "before_after_split"  # message config key: score the model before ("bp") and after ("ap") training
+
+
+@torch.no_grad()
+def score_before_after(tag: str, params: Params, msg: Message, ctx: ClientCtx) -> None:
+    """When the message asks for it (``config["before_after_split"]``, set by the engine under
+    ``eval.before_after``), count the correct predictions of ``params`` on that split of the client's data into
+    ``ctx.stats[tag + "_correct"]`` / ``[tag + "_n"]``; the engine pools them into ``{tag}_acc``. ``"bp"``: the
+    model a client trains from (received, after transforms), ``"ap"``: after local training (pFedRLLA Table 2)."""
+    split = msg.config.get(BEFORE_AFTER)
+    if not split:
+        return
+    x, y = getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y")
+    c, _, n = evaluate_params(ctx.model, params, x, y)
+    ctx.stats[f"{tag}_correct"], ctx.stats[f"{tag}_n"] = c, n
 
 
 def train_now(spec: TrainSpec, ctx: ClientCtx) -> TrainResult:

@@ -24,7 +24,16 @@ import torch
 
 from fedblend.common.errors import ConfigError
 from fedblend.common.rng import SeedTree
-from fedblend.data.partition import KINDS, RULES, counts_matrix, format_counts, partition, split_like
+from fedblend.data.partition import (
+    KINDS,
+    RULES,
+    PartitionError,
+    counts_matrix,
+    draw_domains,
+    format_counts,
+    partition,
+    split_like,
+)
 from fedblend.data.raw import RawDataset
 
 SPLITS = ("official", "merge", "train_val_test")
@@ -55,6 +64,7 @@ class PartitionSpec:
     train_fraction: float = 0.75
     val_fraction: float = 0.15
     test_per_client: int | None = None
+    domain_shares: tuple[float, ...] = (0.4, 0.4, 0.2)  # kind "domains": share of clients per domain (MNIST*)
 
     def validate(self, where: str) -> None:
         if self.split == "train_val_test" and self.train_fraction + self.val_fraction >= 1:
@@ -175,12 +185,15 @@ def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree
     fedapa_rule = spec.rule == "fedapa" and spec.kind in ("dirichlet", "pathological")
     min_test = spec.min_test_samples if spec.min_test_samples is not None else (3 if fedapa_rule else 1)
     want_joint_test = official and spec.test_per_client is None
-    train_parts, test_parts = partition(
-        pool_y, spec.num_clients, spec.kind, lambda a: tree.numpy("draw", a), num_classes=raw.num_classes,
-        rule=spec.rule, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
-        shards_per_client=spec.shards_per_client, samples_per_client=spec.samples_per_client,
-        balanced=spec.balanced, min_samples=spec.min_samples, max_tries=spec.max_tries,
-        test_labels=raw.test_y if want_joint_test else None, min_test_samples=min_test if official else 0)
+    if spec.kind == "domains":
+        train_parts, test_parts = _domain_parts(raw, spec, tree), None
+    else:
+        train_parts, test_parts = partition(
+            pool_y, spec.num_clients, spec.kind, lambda a: tree.numpy("draw", a), num_classes=raw.num_classes,
+            rule=spec.rule, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
+            shards_per_client=spec.shards_per_client, samples_per_client=spec.samples_per_client,
+            balanced=spec.balanced, min_samples=spec.min_samples, max_tries=spec.max_tries,
+            test_labels=raw.test_y if want_joint_test else None, min_test_samples=min_test if official else 0)
     if official:
         if test_parts is None:
             test_parts = split_like(train_parts, raw.train_y, raw.test_y, tree.numpy("test"), raw.num_classes,
@@ -206,6 +219,16 @@ def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree
         else:
             out["test"].append(sorted(perm[n_train:].tolist()))
     return out
+
+
+def _domain_parts(raw: RawDataset, spec: PartitionSpec, tree: SeedTree) -> list[np.ndarray]:
+    if raw.train_domain is None or raw.test_domain is None:
+        raise PartitionError(f"partition.kind = 'domains' needs a dataset made of several domains (mnist_star), "
+                             f"not {raw.name!r}")
+    if spec.split == "official":
+        raise PartitionError("partition.kind = 'domains' needs split = 'merge' or 'train_val_test'")
+    pool = np.concatenate([raw.train_domain, raw.test_domain])
+    return draw_domains(pool, spec.num_clients, tree.numpy("draw", 0), spec.domain_shares)
 
 
 def load_partition(path: str | Path) -> tuple[dict, PartitionSpec]:

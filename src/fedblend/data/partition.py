@@ -25,7 +25,7 @@ Rules (see ``shared/notes/reference-implementations.md``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -144,7 +144,28 @@ def draw_one_class(labels: np.ndarray, num_clients: int, rng: np.random.Generato
     return parts
 
 
-KINDS = ("iid", "dirichlet", "pathological", "shards", "one_class")
+def draw_domains(domains: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 shares: Sequence[float]) -> Parts:
+    """Every client's data from one domain (pFedRLLA App. B.1, MNIST*): domain ``d`` gets ``shares[d]`` of the
+    clients (largest-remainder rounding, in domain order), and its samples are shuffled and dealt evenly over them."""
+    n_dom = int(domains.max()) + 1 if len(domains) else 0
+    if len(shares) != n_dom or min(shares) < 0 or sum(shares) <= 0:
+        raise PartitionError(f"partition.domain_shares needs {n_dom} non-negative shares (one per domain), "
+                             f"got {list(shares)}")
+    raw = np.asarray(shares, dtype=np.float64) / sum(shares) * num_clients
+    counts = np.floor(raw).astype(int)
+    for d in np.argsort(-(raw - counts), kind="stable")[: num_clients - counts.sum()]:
+        counts[d] += 1
+    parts: Parts = []
+    for d, k in enumerate(counts):
+        idx = rng.permutation(np.flatnonzero(domains == d))
+        if k > len(idx):
+            raise PartitionError(f"domain {d} has {len(idx)} samples for {k} clients")
+        parts += [np.sort(p.astype(np.int64)) for p in np.array_split(idx, k)] if k else []
+    return parts
+
+
+KINDS = ("iid", "dirichlet", "pathological", "shards", "one_class", "domains")
 RULES = ("pflib", "fedapa")
 
 
@@ -162,6 +183,8 @@ def partition(labels: np.ndarray, num_clients: int, kind: str, rng_for_attempt: 
     n = len(labels)
     if kind not in KINDS:
         raise PartitionError(f"partition.kind must be one of {list(KINDS)}, got {kind!r}")
+    if kind == "domains":
+        raise PartitionError("partition.kind = 'domains' needs a dataset made of several domains (mnist_star)")
     if rule not in RULES:
         raise PartitionError(f"partition.rule must be one of {list(RULES)}, got {rule!r}")
     if num_clients < 1 or num_clients > n:

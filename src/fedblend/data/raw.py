@@ -21,3 +21,6 @@ class RawDataset:
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
     extra: dict = field(default_factory=dict)
+    #: per-sample domain ids (a mix of source datasets, e.g. ``mnist_star``), for ``partition.kind = "domains"``
+    train_domain: np.ndarray | None = None
+    test_domain: np.ndarray | None = None

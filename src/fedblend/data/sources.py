@@ -289,6 +289,53 @@ def _load_usps(data_dir: Path, download: bool = True) -> RawDataset:
     return RawDataset("usps", trx, try_, tex, tey, 10)
 
 
+MNIST_STAR_DOMAINS = ("mnist", "usps", "mnist-texture")
+
+
+def texture_digits(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Grey digits ``(N, 1, H, W)`` over random colour textures: ``|texture - digit|`` per channel (MNIST-M's blend
+    rule; the textures are smooth random colour noise, not BSDS500 photo patches, so this is a stand-in for MNIST-M,
+    never MNIST-M itself)."""
+    import torch
+
+    n, _, h, w = x.shape
+    coarse = torch.from_numpy(rng.random((n, 3, h // 4, w // 4), dtype=np.float32))
+    smooth = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False).numpy()
+    tex = np.clip(0.85 * smooth + 0.15 * rng.random((n, 3, h, w), dtype=np.float32), 0, 1) * 255
+    return np.abs(tex - x.astype(np.float32)).round().astype(np.uint8)
+
+
+def _load_mnist_star(data_dir: Path, download: bool = True) -> RawDataset:
+    """MNIST* (pFedRLLA App. B.1): three digit domains, all 3 x 28 x 28: MNIST (even-indexed MNIST images), USPS
+    (16x16, resized to 28x28 bilinearly) and ``mnist-texture`` (odd-indexed MNIST images over random colour
+    textures, :func:`texture_digits`, a documented stand-in for MNIST-M, which is not available here). Each
+    sample's domain id is in ``train_domain`` / ``test_domain``; ``partition.kind = "domains"`` gives every client
+    the data of one domain (``domain_shares``, 40 / 40 / 20 % of the clients as the paper's test setting)."""
+    import torch
+
+    mnist = DATASETS["mnist"](data_dir, download)
+    usps = _load_usps(data_dir, download)
+    rng = np.random.default_rng(0)  # the stand-in's textures are part of the dataset: fixed, not run-seeded
+
+    def resize(x: np.ndarray) -> np.ndarray:
+        t = torch.nn.functional.interpolate(torch.from_numpy(x).float(), size=(28, 28), mode="bilinear",
+                                            align_corners=False)
+        return t.round().clamp(0, 255).to(torch.uint8).numpy()
+
+    def part(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        mx, my = getattr(mnist, f"{split}_x"), getattr(mnist, f"{split}_y")
+        ux, uy = getattr(usps, f"{split}_x"), getattr(usps, f"{split}_y")
+        xs = [np.repeat(mx[0::2], 3, axis=1), np.repeat(resize(ux), 3, axis=1), texture_digits(mx[1::2], rng)]
+        ys = [my[0::2], uy, my[1::2]]
+        dom = np.concatenate([np.full(len(y), d, dtype=np.int64) for d, y in enumerate(ys)])
+        return np.concatenate(xs), np.concatenate(ys), dom
+
+    trx, tr_y, trd = part("train")
+    tex, te_y, ted = part("test")
+    return RawDataset("mnist_star", trx, tr_y, tex, te_y, 10, mean=(0.5,) * 3, std=(0.5,) * 3,
+                      extra={"domain_names": MNIST_STAR_DOMAINS}, train_domain=trd, test_domain=ted)
+
+
 DATASETS: dict[str, Callable[..., RawDataset]] = {
     "mnist": _load_idx_dataset("mnist", "mnist", _MNIST_FILES, _LECUN),
     "fmnist": _load_idx_dataset("fmnist", "fashion-mnist", _FMNIST_FILES, _ZALANDO),
@@ -296,6 +343,7 @@ DATASETS: dict[str, Callable[..., RawDataset]] = {
     "cifar100": _load_cifar("cifar100"),
     "ag_news": _load_ag_news,
     "usps": _load_usps,
+    "mnist_star": _load_mnist_star,
 }
 
 

@@ -1,0 +1,179 @@
+"""Diagnostics of a pFedRLLA run directory (paper Fig. 2, 3, 6 and App. E).
+
+    python scripts/pfedrlla_plots.py RUN_DIR [--out DIR] [--data-dir DIR]
+
+Writes into DIR (default RUN_DIR):
+
+* ``pfedrlla_reward.png``: the reward of every episode (one episode = one client's aggregation) and its moving
+  average (Fig. 2);
+* ``pfedrlla_head_weights.png``: the last round's head weights, row k = client k's weights on the previous
+  round's participants (its own weight added to its own column), Fig. 3; printed: mean weight on other clients
+  that share a class with k vs on those that share none (needs full participation to be a square matrix);
+* ``pfedrlla_embeddings.png``: every client's current model embedded by the run's embedding network and by PCA,
+  projected to 2-D, coloured by the client's label group (Fig. 6); printed: within / between group distance ratio;
+* ``pfedrlla_time.png``: the server's time per round (embedding, agent, aggregation) beside the clients' training
+  time (App. E); printed: the server's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def load_history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def class_sets(run: Path) -> list[frozenset]:
+    counts = json.loads((run / "partition.json").read_text())["train_counts"]
+    return [frozenset(int(c) for c, n in enumerate(row) if n > 0) for row in counts]
+
+
+def reward_curve(history: list[dict], out: Path) -> None:
+    rewards = [r for m in history for r in m.get("rewards", [])]
+    if not rewards:
+        print("no rewards recorded (head_weights = 'mean'?)")
+        return
+    w = max(1, len(rewards) // 20)
+    avg = np.convolve(rewards, np.ones(w) / w, mode="valid")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(rewards, ".", ms=2, alpha=0.4, label="episode reward")
+    ax.plot(np.arange(w - 1, len(rewards)), avg, label=f"moving average ({w})")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("reward")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "pfedrlla_reward.png", dpi=120)
+    plt.close(fig)
+    print(f"reward: first {w} episodes {np.mean(rewards[:w]):.4f}, last {w} {np.mean(rewards[-w:]):.4f}")
+
+
+def head_weight_matrix(entry: dict, num_clients: int) -> np.ndarray:
+    """Row k: client k's head weights on each client (previous participants, its own upload added to column k;
+    NaN where a client was not among them)."""
+    mat = np.full((num_clients, num_clients), np.nan)
+    prev = entry["head_prev_cids"]
+    for k, weights in entry["head_weights"]:
+        row = np.full(num_clients, np.nan)  # NaN: client j was not in K' for this row
+        for j, w in zip(list(prev) + [k], weights):
+            row[j] = w + (0.0 if np.isnan(row[j]) else row[j])
+        mat[k] = row
+    return mat
+
+
+def head_heatmap(history: list[dict], groups: list[frozenset], out: Path) -> None:
+    last = next((m for m in reversed(history) if "head_prev_cids" in m), None)
+    if last is None:
+        return
+    mat = head_weight_matrix(last, len(groups))
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    im = ax.imshow(np.ma.masked_invalid(mat), cmap="viridis")
+    ax.set_xlabel("contributing client")
+    ax.set_ylabel("target client k")
+    ax.set_title(f"pFedRLLA head weights, round {last['round']}", fontsize=9)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out / "pfedrlla_head_weights.png", dpi=120)
+    plt.close(fig)
+    same, other = [], []
+    for k in range(len(groups)):
+        for j in range(len(groups)):
+            if j != k and not np.isnan(mat[k, j]):
+                (same if groups[k] & groups[j] else other).append(mat[k, j])
+    print(f"head weights, round {last['round']}: mean self {np.nanmean(np.diag(mat)):.4f} (uniform would be "
+          f"{1 / len(last['head_weights'][0][1]):.4f}), on clients sharing a "
+          f"class {np.mean(same) if same else float('nan'):.4f} ({len(same)} pairs), sharing none "
+          f"{np.mean(other) if other else float('nan'):.4f} ({len(other)} pairs)")
+
+
+def project_2d(e: torch.Tensor) -> np.ndarray:
+    x = e.double() - e.double().mean(0)
+    u, s, _ = torch.linalg.svd(x, full_matrices=False)
+    return (u[:, :2] * s[:2]).numpy()
+
+
+def group_ratio(e: np.ndarray, labels: list[int]) -> float:
+    """Mean distance between clients of the same label group / between clients of different groups."""
+    d = np.linalg.norm(e[:, None] - e[None], axis=-1)
+    lab = np.array(labels)
+    same = (lab[:, None] == lab[None]) & ~np.eye(len(lab), dtype=bool)
+    diff = lab[:, None] != lab[None]
+    return float(d[same].mean() / d[diff].mean()) if same.any() and diff.any() else float("nan")
+
+
+def embeddings_plot(run: Path, groups: list[frozenset], out: Path, data_dir: str | None) -> None:
+    from fedblend.algorithms.rl import embedding
+    from fedblend.config import load_config
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+    from fedblend.data.federated import dataset_info
+    from fedblend.data.sources import load_dataset
+    from fedblend.models.zoo import build_model
+
+    ck = load_checkpoint(run / FILENAME)
+    emb = ck["server"].get("embed")
+    if emb is None:
+        print("no embedding network in the checkpoint")
+        return
+    cfg = load_config(run / "config.toml")
+    model = build_model(cfg.model, dataset_info(load_dataset(cfg.dataset, data_dir)))
+    groups_of = cfg.build_method().head_groups(model)
+    cids = sorted(c for c, st in ck["clients"].items() if st.get("trained"))
+    mats = [embedding.layer_matrices(ck["clients"][c]["params"], groups_of) for c in cids]
+    label_of = {g: i for i, g in enumerate(sorted({groups[c] for c in cids}, key=sorted))}
+    labels = [label_of[groups[c]] for c in cids]
+    views = {f"{emb['kind']} (the run's network)": embedding.embed(emb, mats),
+             "pca": embedding.embed({"kind": "pca", "dim": int(emb["dim"])}, mats)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, (name, e) in zip(axes, views.items()):
+        xy = project_2d(e)
+        ax.scatter(xy[:, 0], xy[:, 1], c=labels, cmap="tab20", s=18)
+        ratio = group_ratio(e.numpy(), labels)
+        ax.set_title(f"{name}: within/between distance {ratio:.3f}", fontsize=9)
+        print(f"embeddings {name}: {len(cids)} clients, {len(label_of)} label groups, within/between {ratio:.4f}")
+    fig.tight_layout()
+    fig.savefig(out / "pfedrlla_embeddings.png", dpi=120)
+    plt.close(fig)
+
+
+def time_split(history: list[dict], out: Path) -> None:
+    parts = ["server_embedding_seconds", "server_agent_seconds", "server_aggregation_seconds"]
+    server = {p: np.mean([m.get(p, 0.0) for m in history]) for p in parts}
+    clients = np.mean([m.get("client_seconds", 0.0) * len(m["selected"]) for m in history])
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar([p.split("_")[1] for p in parts] + ["clients (sum)"], list(server.values()) + [clients])
+    ax.set_ylabel("seconds per round")
+    fig.tight_layout()
+    fig.savefig(out / "pfedrlla_time.png", dpi=120)
+    plt.close(fig)
+    total = sum(server.values())
+    print("time per round: " + ", ".join(f"{p.split('_')[1]} {v:.3f}s" for p, v in server.items())
+          + f"; clients' training (sum) {clients:.2f}s; server / clients = {total / clients:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run")
+    ap.add_argument("--out")
+    ap.add_argument("--data-dir")
+    args = ap.parse_args()
+    run = Path(args.run)
+    out = Path(args.out) if args.out else run
+    out.mkdir(parents=True, exist_ok=True)
+    history, groups = load_history(run), class_sets(run)
+    reward_curve(history, out)
+    head_heatmap(history, groups, out)
+    time_split(history, out)
+    embeddings_plot(run, groups, out, args.data_dir)
+
+
+if __name__ == "__main__":
+    main()

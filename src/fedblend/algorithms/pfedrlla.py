@@ -1,0 +1,411 @@
+"""pFedRLLA (ICLR 2024 submission, "Reinforcement learning-based layer-wise aggregation for personalized FL").
+
+Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
+
+* ``"upload"`` (Alg. 1 line 3): each selected client uploads its current model (its model after its last local
+  training; paper Sec. 3: before their first round clients train the initial model locally,
+  ``initial_training``) with its data size and ``acc_pre``, the accuracy of that model on its validation split.
+  The server embeds the heads (line 4, :mod:`fedblend.algorithms.rl.embedding`) and, for every selected ``k``,
+  forms the agent state ``S_k = [e_k' for k' in K'] + [e_k]`` (Alg. 2 line 3) and the action ``A_k`` (line 4).
+* ``"train"`` (Alg. 1 lines 5-13): the server sends ``k`` its personalized model (Alg. 2):
+  body ``Psi_k = rho_k Psi_k + sum_k' rho_k' Psi_k'`` with ``rho = d / (d_k + sum d_k')`` (lines 1-2), head
+  ``Phi_k = p_k Phi_k + sum_k' p_k' Phi_k'`` with ``A_k = (p_k'..., p_k)`` (line 5). The client scores it on its
+  validation split (``acc_agg``), trains it locally, and replies. The server computes the reward (Eq. 1)
+  ``R = b1 r1 + b2 r2 + b3 r3``, ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``,
+  ``r3 = -||A_k - V_k||^2`` with ``V_k`` of Eq. 2, stores ``(S_k, A_k, R)`` in the replay buffer and, on the
+  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.rl.ddpg`) and the embedding network.
+  ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
+
+What ``K'`` stores (``storage``): ``"trained"`` (default): the models the previous participants uploaded after
+their local training, i.e. their current models -- what the authors' PFLlib-based loop receives, and the
+freshest version of the same clients' models; the training reply carries the model. ``"uploads"``: Alg. 1
+literally -- the models uploaded at the start of the previous round (the training reply carries no model).
+
+There is no global model; a client evaluates its own current model (after its last local training). All
+learner state (embedding network, agent, Adam moments, replay buffer) is in the server state; randomness
+(exploration noise, random actions, replay batches, initialisation) comes from the server's seed-tree streams.
+See ``docs/methods/pfedrlla.md`` for paper vs code choices.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from fedblend.algorithms.registry import register_method
+from fedblend.algorithms.rl import ddpg, embedding
+from fedblend.common.options import ConfigError
+from fedblend.common.params import Params, layer_of, weighted_average
+from fedblend.core.evaluation import evaluate_params
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.models.zoo import FedModel
+
+AGENT_FORMAT = "fedblend-pfedrlla-agent/1"
+
+
+@dataclass(frozen=True)
+class PFedRLLAOptions:
+    """Defaults: the paper, then the authors' code (notes) where the paper is silent."""
+
+    CHOICES: ClassVar[dict] = {"embedding": embedding.KINDS, "head": ("fc", "model"),
+                               "body": ("size", "mean", "local"), "head_weights": ("agent", "mean"),
+                               "agent_scope": ("head", "all"), "r3_norm": ("squared", "plain"),
+                               "storage": ("trained", "uploads")}
+    RANGES: ClassVar[dict] = {"emb_dim": ">= 1", "factor": ">= 1", "ae_lr": "> 0", "ae_steps": ">= 0",
+                              "ae_every_round_until": ">= 0", "ae_every": ">= 1", "acc_tar": "(0, 1]", "hidden": ">= 1",
+                              "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0", "critic_lr": "> 0",
+                              "buffer": ">= 1", "batch": ">= 1", "noise": ">= 0", "random_rounds": ">= 0",
+                              "update_every": ">= 1", "updates": ">= 0", "finetune_updates": ">= 0"}
+
+    # aggregation and its ablations (Table 2 / Table 7)
+    body: str = "size"  # "size": Alg. 2 lines 1-2; "mean": plain mean; "local": own body (pre-training, App. D)
+    head_weights: str = "agent"  # "agent": Alg. 2 lines 3-5; "mean": plain mean over [K'..., k]
+    agent_scope: str = "head"  # "all": the agent's weights aggregate the whole network ("DRL" column)
+    head: str = "fc"  # "fc": trailing linear layers (code: both fc layers of the CNN); "model": model.head_layers
+    storage: str = "trained"  # what K' holds (module docstring)
+    initial_training: bool = True  # Sec. 3: a client trains the initial model locally before its first upload
+    # embedding network (Sec. 3.1, notes)
+    embedding: str = "mhae"
+    emb_dim: int = 128
+    factor: int = 32
+    ae_lr: float = 5e-3
+    ae_steps: int = 1  # Adam steps per auto-encoder training event (not stated; one step on the round's uploads)
+    ae_every_round_until: int = 100  # without pre-training: train every round up to this round (notes) ...
+    ae_every: int = 10  # ... then every ae_every rounds (App. E: every 10 rounds when fine-tuning)
+    # reward (Eq. 1-2, Table 5)
+    beta: tuple[float, ...] = (1.0, 1.0, 2.0)
+    acc_tar: float = 1.0  # authors' code: exp(acc - 1) - 1
+    r3_norm: str = "squared"  # paper Eq. 1d; "plain": the code's unsquared norm
+    # DDPG (notes)
+    hidden: int = 256
+    gamma: float = 0.9  # kept for the record: one-step episodes make the bootstrap term vanish (rl/ddpg.py)
+    polyak: float = 0.96
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    buffer: int = 100_000
+    batch: int = 32
+    noise: float = 0.03
+    # schedule (App. E and G / notes)
+    agent: str = ""  # a pre-trained agent file (``fedblend pretrain``); "" = no pre-training
+    random_rounds: int = 50  # without pre-training: random actions in the first rounds
+    update_every: int = 10  # agent updates every k rounds
+    updates: int = 5  # DDPG steps per update event without pre-training (notes)
+    finetune_updates: int = 1  # with a pre-trained agent: one batch of 32 every 10 rounds (App. E)
+
+    def validate(self, where: str) -> None:
+        if len(self.beta) != 3 or any(b < 0 for b in self.beta):
+            raise ConfigError(f"{where}.beta must be three weights >= 0 (b1, b2, b3), got {list(self.beta)}")
+
+    @property
+    def embed(self) -> embedding.EmbedConfig:
+        return embedding.EmbedConfig(self.embedding, self.emb_dim, self.factor, self.ae_lr)
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def head_layers(model: FedModel, rule: str) -> tuple[str, ...]:
+    """``"model"``: the model's own head; ``"fc"``: its trailing run of linear layers (2-D weights), leaving at
+    least one layer in the body (the authors' CNN: body = the two conv layers, head = the two fc layers)."""
+    if rule == "model":
+        return tuple(model.head_layers)
+    params = dict(model.named_parameters())
+    out: list[str] = []
+    for ly in reversed(model.layers[1:]):
+        if params.get(f"{ly}.weight") is None or params[f"{ly}.weight"].dim() != 2:
+            break
+        out.insert(0, ly)
+    return tuple(out) or tuple(model.head_layers)
+
+
+def body_weights(sizes: Sequence[float], rule: str) -> torch.Tensor:
+    """Alg. 2 line 1 over ``[K'..., k]`` (``sizes`` in that order): ``rho_i = d_i / sum d``; ``"mean"``: uniform;
+    ``"local"``: all weight on ``k`` (the last entry)."""
+    d = torch.as_tensor([float(s) for s in sizes], dtype=torch.float64)
+    if rule == "size":
+        return d / d.sum()
+    if rule == "mean":
+        return torch.full_like(d, 1.0 / len(d))
+    w = torch.zeros_like(d)
+    w[-1] = 1.0
+    return w
+
+
+def mix(models: Sequence[Mapping[str, torch.Tensor]], weights: torch.Tensor, names: Sequence[str]) -> Params:
+    """``sum_i w_i theta_i`` over the tensors ``names`` (Alg. 2 lines 2 and 5; weights sum to 1)."""
+    return weighted_average([{n: m[n] for n in names} for m in models], weights.tolist())
+
+
+def similarity_target(e_prev: torch.Tensor, e_k: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: ``V_k = ({d(e_k, e_k')}_k', 1) / (sum_k' d(e_k, e_k') + 1)``, ``d = (cos + 1) / 2``."""
+    cos = torch.nn.functional.cosine_similarity(e_prev.double(), e_k.double().unsqueeze(0), dim=1)
+    d = torch.cat([(cos + 1) / 2, torch.ones(1, dtype=torch.float64)])
+    return (d / d.sum()).float()
+
+
+def reward_terms(acc_agg: float, acc_pre: float, action: torch.Tensor, target: torch.Tensor, acc_tar: float,
+                 norm: str = "squared") -> tuple[float, float, float]:
+    """Eq. 1b-1d: ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``, ``r3 = -||A_k - V_k||^2``
+    (``norm = "plain"``: ``-||A_k - V_k||``, the authors' code)."""
+    dist = float(torch.linalg.vector_norm(action.double() - target.double()))
+    return math.exp(acc_agg - acc_tar) - 1.0, acc_agg - acc_pre, -(dist ** 2 if norm == "squared" else dist)
+
+
+def reward(terms: Sequence[float], beta: Sequence[float]) -> float:
+    """Eq. 1a: ``R = sum_i beta_i r_i``."""
+    return float(sum(b * r for b, r in zip(beta, terms)))
+
+
+@torch.no_grad()
+def validation_accuracy(model: FedModel, params: Mapping[str, torch.Tensor], data) -> float:
+    """Accuracy on the client's validation split (the 65/15/20 split's 15%); a client without one (another
+    split mode) scores on its training split."""
+    x, y = (data.val_x, data.val_y) if len(data.val_y) else (data.train_x, data.train_y)
+    c, _, n = evaluate_params(model, params, x, y)
+    return c / n if n else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ agent files
+def save_agent(server: State, path: str | Path) -> Path:
+    """Write the embedding network and the agent (weights, Adam moments, replay buffer) of a run to ``path``."""
+    from fedblend.core.checkpoint import save_checkpoint
+
+    if server.get("agent") is None or server.get("embed") is None:
+        raise ValueError("this pFedRLLA server state has no trained agent (head_weights = 'agent' and at least "
+                         "one round are needed)")
+    path = Path(path)
+    save_checkpoint(path, {"format": AGENT_FORMAT, "embed": server["embed"], "agent": server["agent"]})
+    return path
+
+
+def load_agent(path: str | Path) -> dict:
+    from fedblend.core.checkpoint import load_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
+    data = load_checkpoint(path)
+    if data.get("format") != AGENT_FORMAT:
+        raise ValueError(f"{path} is not a pFedRLLA agent file (format {data.get('format')!r})")
+    return data
+
+
+# ------------------------------------------------------------------------------------------------ the method
+@register_method
+class PFedRLLA(Method):
+    name = "pfedrlla"
+    options_cls = PFedRLLAOptions
+    paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
+             "(pFedRLLA, ICLR 2024 submission)")
+    eval_model = "each client's current model (its personalized model after its last local training)"
+    has_global = False
+
+    def phases(self, sctx: ServerCtx) -> Sequence[str]:
+        return ("upload", "train")
+
+    def head_groups(self, model: FedModel) -> list[list[str]]:
+        """Parameter names of each head layer, in layer order (the embedding network's "heads")."""
+        layers = head_layers(model, self.opts.head)
+        names = model.param_names(layers)
+        return [[n for n in names if layer_of(n) == ly] for ly in layers]
+
+    def uses_agent(self) -> bool:
+        return self.opts.head_weights == "agent" or self.opts.agent_scope == "all"
+
+    # ------------------------------------------------------------------------------------------ server
+    def init_server(self, sctx: ServerCtx) -> State:
+        server: State = {"embed": None, "agent": None, "store": None, "round": None, "pretrained": False}
+        if not self.uses_agent():
+            return server
+        groups = self.head_groups(sctx.model)
+        shapes = [tuple(m.shape) for m in embedding.layer_matrices(sctx.run.init_params, groups)]
+        if self.opts.agent:
+            data = load_agent(self.opts.agent)
+            emb = data["embed"]
+            mine = embedding.signature({"kind": self.opts.embedding, "dim": self.opts.emb_dim,
+                                        "factor": self.opts.factor, "shapes": shapes})
+            if embedding.signature(emb) != mine:
+                raise ValueError(
+                    f"options.agent = {self.opts.agent!r}: its embedding network (kind, dim, factor, head layer "
+                    f"matrices) is {embedding.signature(emb)}, this run needs {mine} (a different model, head "
+                    "layers or embedding options); pre-train with the same model and options")
+            return {**server, "embed": emb, "agent": data["agent"], "pretrained": True}
+        return {**server, "embed": embedding.init_embedder(shapes, sctx.tree.torch("embedder-init"), self.opts.embed)}
+
+    def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
+        if phase == "upload":
+            return Message()
+        return super().configure(phase, server, cid, sctx)
+
+    def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        if phase == "upload":
+            return self.aggregate_upload(server, replies, sctx)
+        return super().aggregate(phase, server, replies, sctx)
+
+    def decision_weights(self, rnd: State, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(body weights, head weights) over ``[K'..., k]`` for the ``i``-th client of the round."""
+        n = len(rnd["prev_sizes"]) + 1
+        body = body_weights(list(rnd["prev_sizes"]) + [rnd["sizes"][i]], self.opts.body)
+        head = rnd["actions"][i].double() if rnd.get("actions") is not None else torch.full((n,), 1.0 / n,
+                                                                                           dtype=torch.float64)
+        if self.opts.agent_scope == "all":
+            body = head
+        return body, head
+
+    def aggregate_upload(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        """Alg. 1 lines 3-4 and Alg. 2 lines 3-4: embed the uploads and K', and choose every client's action."""
+        cids = sorted(replies)
+        ups = [replies[c].params() for c in cids]
+        sizes = [float(replies[c].metrics["num_samples"]) for c in cids]
+        store = server["store"] or {"cids": cids, "params": ups, "sizes": sizes}  # first round: K' = K
+        rnd: State = {"cids": cids, "params": ups, "sizes": sizes,
+                      "acc_pre": [float(replies[c].metrics["acc_pre"]) for c in cids],
+                      "prev_cids": list(store["cids"]), "prev_params": store["params"],
+                      "prev_sizes": list(store["sizes"]), "actions": None}
+        out = {**server}
+        if self.uses_agent():
+            out, rnd = self.choose_actions(out, rnd, sctx)
+        out["round"] = rnd
+        return out
+
+    def choose_actions(self, server: State, rnd: State, sctx: ServerCtx) -> tuple[State, State]:
+        t0 = time.perf_counter()
+        groups = self.head_groups(sctx.model)
+        mats = [embedding.layer_matrices(p, groups) for p in list(rnd["prev_params"]) + list(rnd["params"])]
+        emb_state = server["embed"]
+        e = embedding.embed(emb_state, mats)
+        n_prev = len(rnd["prev_cids"])
+        e_prev, e_up = e[:n_prev], e[n_prev:]
+        t = sctx.rnd + 1
+        if emb_state["kind"] != "pca" and self.ae_due(t, server["pretrained"]):
+            x = embedding.project(emb_state, mats[n_prev:])
+            emb_state, loss = embedding.train(emb_state, x, self.opts.ae_steps, self.opts.ae_lr)
+            sctx.stats["ae_loss"] = loss
+        t1 = time.perf_counter()
+        agent = server["agent"]
+        obs_dim, act_dim = (n_prev + 1) * e.shape[1], n_prev + 1
+        if agent is None:
+            agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts)
+        elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
+            src = f"the pre-trained agent {self.opts.agent!r}" if server["pretrained"] else "the agent"
+            raise ValueError(
+                f"{src} takes {int(agent['act_dim']) - 1} previous participants + 1 (state {int(agent['obs_dim'])}), "
+                f"but round {t} has |K'| = {n_prev} (state {obs_dim}); pFedRLLA needs the same number of clients every "
+                "round (sampling.scheme = 'fixed') and the same join ratio, clients and embedding size as the "
+                "pre-training run")
+        obs = torch.stack([torch.cat([e_prev.reshape(-1), e_up[i]]) for i in range(len(rnd["cids"]))])
+        random_phase = not server["pretrained"] and sctx.rnd < self.opts.random_rounds
+        with torch.no_grad():
+            mu = ddpg.policy(agent["actor"], obs)
+        actions = []
+        for i, cid in enumerate(rnd["cids"]):
+            gen = sctx.tree.torch("action", cid)
+            actions.append(ddpg.random_action(act_dim, gen) if random_phase
+                           else ddpg.explore(mu[i], self.opts.noise, gen))
+        targets = torch.stack([similarity_target(e_prev, e_up[i]) for i in range(len(rnd["cids"]))])
+        sctx.stats["server_embedding_seconds"] = t1 - t0
+        sctx.stats["server_agent_seconds"] = time.perf_counter() - t1
+        rnd = {**rnd, "obs": obs, "actions": torch.stack(actions), "targets": targets}
+        return {**server, "embed": emb_state, "agent": agent}, rnd
+
+    def ae_due(self, t: int, pretrained: bool) -> bool:
+        """Auto-encoder schedule: every round up to ``ae_every_round_until`` without pre-training (notes), and
+        every ``ae_every`` rounds otherwise (App. E)."""
+        return (not pretrained and t <= self.opts.ae_every_round_until) or t % self.opts.ae_every == 0
+
+    def agent_updates_due(self, t: int, pretrained: bool) -> int:
+        """DDPG steps after round ``t``: pre-trained: ``finetune_updates`` every ``update_every`` rounds (App. E);
+        otherwise none during the random-action rounds, then ``updates`` every ``update_every`` rounds (notes)."""
+        if t % self.opts.update_every:
+            return 0
+        if pretrained:
+            return self.opts.finetune_updates
+        return self.opts.updates if t >= self.opts.random_rounds else 0
+
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Alg. 2: client ``cid``'s personalized model from K' (stored) and its own upload."""
+        t0 = time.perf_counter()
+        rnd = server["round"]
+        i = rnd["cids"].index(cid)
+        models = list(rnd["prev_params"]) + [rnd["params"][i]]
+        body_w, head_w = self.decision_weights(rnd, i)
+        head = {n for g in self.head_groups(sctx.model) for n in g}
+        names = list(sctx.run.init_params)
+        params = {**mix(models, body_w, [n for n in names if n not in head]), **mix(models, head_w, sorted(head))}
+        sctx.stats["server_aggregation_seconds"] = sctx.stats.get("server_aggregation_seconds", 0.0) + (
+            time.perf_counter() - t0)
+        return Message({"params": {n: params[n] for n in names}})
+
+    def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        """Rewards (Eq. 1), replay buffer, agent updates; K' <- K (Alg. 1 lines 8-9)."""
+        rnd = server["round"]
+        cids = rnd["cids"]
+        out = {**server, "round": None}
+        if rnd.get("actions") is not None:
+            out = self.learn(out, rnd, replies, sctx)
+        else:
+            sctx.stats["head_weights"] = [[c, [1.0 / (len(rnd["prev_cids"]) + 1)] * (len(rnd["prev_cids"]) + 1)]
+                                          for c in cids]
+        kept = [replies[c].params() for c in cids] if self.opts.storage == "trained" else rnd["params"]
+        out["store"] = {"cids": list(cids), "params": kept, "sizes": list(rnd["sizes"])}
+        sctx.stats["acc_agg"] = sum(float(replies[c].metrics["acc_agg"]) for c in cids) / len(cids)
+        return out
+
+    def learn(self, server: State, rnd: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        t0 = time.perf_counter()
+        terms = [reward_terms(float(replies[c].metrics["acc_agg"]), rnd["acc_pre"][i], rnd["actions"][i],
+                              rnd["targets"][i], self.opts.acc_tar, self.opts.r3_norm)
+                 for i, c in enumerate(rnd["cids"])]
+        rewards = [reward(tr, self.opts.beta) for tr in terms]
+        agent = ddpg.store(server["agent"], rnd["obs"], rnd["actions"], torch.tensor(rewards), self.opts.buffer)
+        t = sctx.rnd + 1
+        for u in range(self.agent_updates_due(t, server["pretrained"])):
+            agent, info = ddpg.update(agent, sctx.tree.torch("replay", u), self.opts)
+            sctx.stats.update({f"agent_{k}": v for k, v in info.items()})
+        n = len(rewards)
+        sctx.stats.update(reward=sum(rewards) / n, rewards=rewards, r1=sum(x[0] for x in terms) / n,
+                          r2=sum(x[1] for x in terms) / n, r3=sum(x[2] for x in terms) / n,
+                          head_prev_cids=list(rnd["prev_cids"]),
+                          head_weights=[[c, rnd["actions"][i].tolist()] for i, c in enumerate(rnd["cids"])])
+        sctx.stats["server_agent_seconds"] = sctx.stats.get("server_agent_seconds", 0.0) + time.perf_counter() - t0
+        return {**server, "agent": agent}
+
+    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Nothing: a client evaluates its own current model."""
+        return Message()
+
+    # ------------------------------------------------------------------------------------------ client
+    def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        if phase == "upload":
+            return self.client_upload(msg, cstate, ctx)
+        return super().client_step(phase, msg, cstate, ctx)
+
+    def client_upload(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        """Alg. 1 line 3: the current model, the data size and ``acc_pre`` (Eq. 1c) on the validation split."""
+        if self.opts.initial_training and not cstate.get("trained"):
+            res = yield self.train_spec(cstate["params"], msg, cstate, ctx, stream="initial")
+            cstate = {**self.record_training(res, cstate, ctx), "params": res.params, "trained": True}
+        acc = validation_accuracy(ctx.model, cstate["params"], ctx.data)
+        return Message({"params": cstate["params"]}, {"num_samples": ctx.data.num_train, "acc_pre": acc}), cstate
+
+    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        """Score the received model (``acc_agg``, Eq. 1b-1c), then train it locally (Alg. 1 line 12)."""
+        acc = validation_accuracy(ctx.model, msg.params(), ctx.data)
+        reply, cstate = yield from super().client_train(msg, cstate, ctx)
+        reply.metrics["acc_agg"] = acc
+        if self.opts.storage == "uploads":
+            reply.arrays = {}
+        return reply, {**cstate, "trained": True}
+
+
+def pretrain_options(options: Mapping) -> dict:
+    """The run options of a pre-training run (App. D): the body stays local, the head is aggregated by the agent."""
+    return {**dict(options), "body": "local", "head_weights": "agent", "agent_scope": "head", "agent": ""}
+
+
+__all__ = ["PFedRLLA", "PFedRLLAOptions", "body_weights", "head_layers", "load_agent", "mix", "pretrain_options",
+           "reward", "reward_terms", "save_agent", "similarity_target"]
