@@ -100,7 +100,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in SCALARS}
         for k in TABLES:
-            out[k] = {kk: vv for kk, vv in to_table(getattr(self, k)).items() if vv is not None}
+            out[k] = _plain({kk: vv for kk, vv in to_table(getattr(self, k)).items() if vv is not None})
         out["options"] = dict(self.options)
         for t, tbl in self.transforms.items():
             out[t] = dict(tbl)
