@@ -124,4 +124,6 @@ def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -
         "round_ratio": (sum(eng_t) + sum(eng_e)) / (sum(plain_t) + sum(plain_e)),
         "samples_per_s": sum(samples) / sum(eng_t), "clients_per_s": sum(clients) / sum(eng_t),
         "samples_per_round": mean(samples), **peak_memory_mib(device),
+        "per_round": [{"round": r + 1, "train_engine_s": a, "train_plain_s": b, "eval_engine_s": c, "eval_plain_s": d}
+                      for r, (a, b, c, d) in enumerate(zip(eng_t, plain_t, eng_e, plain_e))],
     }
