@@ -16,10 +16,10 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
   schedule, updates the DDPG agent (:mod:`fedblend.algorithms.rl.ddpg`) and the embedding network.
   ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
 
-What ``K'`` stores (``storage``): ``"trained"`` (default): the models the previous participants uploaded after
-their local training, i.e. their current models -- what the authors' PFLlib-based loop receives, and the
-freshest version of the same clients' models; the training reply carries the model. ``"uploads"``: Alg. 1
-literally -- the models uploaded at the start of the previous round (the training reply carries no model).
+What ``K'`` stores (``storage``): ``"uploads"`` (default, Alg. 1 lines 3 and 9): the models the previous
+participants uploaded at the start of the previous round (the training reply carries no model). ``"trained"``:
+the models they sent after their local training in the previous round -- what the authors' PFLlib-based loop
+receives, i.e. their current models (the training reply carries the model).
 
 There is no global model; a client evaluates its own current model (after its last local training). All
 learner state (embedding network, agent, Adam moments, replay buffer) is in the server state; randomness
@@ -68,7 +68,7 @@ class PFedRLLAOptions:
     head_weights: str = "agent"  # "agent": Alg. 2 lines 3-5; "mean": plain mean over [K'..., k]
     agent_scope: str = "head"  # "all": the agent's weights aggregate the whole network ("DRL" column)
     head: str = "fc"  # "fc": trailing linear layers (code: both fc layers of the CNN); "model": model.head_layers
-    storage: str = "trained"  # what K' holds (module docstring)
+    storage: str = "uploads"  # what K' holds: Alg. 1's uploads (paper) or "trained" models (code; docstring)
     initial_training: bool = True  # Sec. 3: a client trains the initial model locally before its first upload
     # embedding network (Sec. 3.1, notes)
     embedding: str = "mhae"
