@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import evaluate_params
 from fedblend.core.message import Message
@@ -88,18 +89,22 @@ class ClientRuntime:
         ctx.stats["client_seconds"] = time.perf_counter() - t0
         return ClientResult(reply, state, ctx.stats)
 
-    @torch.no_grad()
-    def evaluate(self, msg: Message, state: State, ctx: ClientCtx) -> Message:
-        """The personalized model (``method.eval_params``) and, when the message carries one, the global model,
-        on the split ``msg.config["split"]`` of the client's data: correct, summed loss and count of each."""
+    def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[Params, Params | None, tuple]:
+        """The client's personalized model (``method.eval_params``), the global model if the message carries
+        one, and the evaluation data ``(x, y)`` of the split ``msg.config["split"]``."""
         split = msg.config.get("split", "test")
-        bs = int(msg.config.get("batch_size", 2048))
-        x, y = getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y")
         with torch.enable_grad():  # methods may fine-tune or blend before evaluating
             params = self.method.eval_params(msg, state, ctx)
+        return params, msg.arrays.get("global"), (getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y"))
+
+    @torch.no_grad()
+    def evaluate(self, msg: Message, state: State, ctx: ClientCtx) -> Message:
+        """The personalized model and, when the message carries one, the global model, on the client's
+        evaluation split: correct, summed loss and count of each."""
+        bs = int(msg.config.get("batch_size", 2048))
+        params, glob, (x, y) = self.eval_models(msg, state, ctx)
         c, lo, n = evaluate_params(ctx.model, params, x, y, bs)
         metrics = {"correct": c, "loss": lo, "n": n}
-        glob = msg.arrays.get("global")
         if glob is not None:
             gc, gl, gn = (c, lo, n) if same_tensors(params, glob) else evaluate_params(ctx.model, glob, x, y, bs)
             metrics.update(global_correct=gc, global_loss=gl, global_n=gn)

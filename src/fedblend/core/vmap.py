@@ -12,7 +12,10 @@ floating-point reassociation (tested within tolerance, not bit for bit).
 What cannot be batched runs one by one through the sequential path, with a one-line notice: clients whose work
 includes an own loop (``Method.has_own_loop``: ALA's weight learning, inner solvers) and specs with loss terms
 that look at the batch (only terms with ``uses_batch = False``, such as FedProx's proximal term, are batched).
-Evaluation runs client by client. On a CPU this backend mostly shows that batching is exact; its use is a GPU,
+Evaluation is batched across clients where the model allows it: clients whose evaluated model is the same
+tensors (FedAvg's global model, every client's ``"global"`` record) are scored in one pass over their
+concatenated data, split back per client (:func:`evaluate_shared`); other models are scored per client.
+On a CPU this backend mostly shows that batching is exact; its use is a GPU,
 where per-client batches of 10-64 leave the device idle.
 """
 
@@ -28,6 +31,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedblend.common.params import Params
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
+from fedblend.core.message import Message
 from fedblend.core.training import TrainConfig, TrainResult, TrainSpec
 
 
@@ -148,6 +152,28 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     return results
 
 
+def evaluate_shared(model, params: Params, parts: Sequence[tuple], batch_size: int) -> list[tuple[int, float, int]]:
+    """``(correct, summed loss, n)`` of one model on each of several clients' data, in one pass over the
+    concatenated data (per-sample losses summed per client)."""
+    if not parts:
+        return []
+    x = torch.cat([p[0] for p in parts])
+    y = torch.cat([p[1] for p in parts])
+    ok, losses = [], []
+    for i in range(0, len(y), batch_size):
+        out = functional_call(model, dict(params), (x[i : i + batch_size],))
+        losses.append(F.cross_entropy(out, y[i : i + batch_size], reduction="none").double())
+        ok.append(out.argmax(1) == y[i : i + batch_size])
+    ok_all = torch.cat(ok) if ok else torch.zeros(0, dtype=torch.bool)
+    loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
+    res, start = [], 0
+    for px, _ in parts:
+        n = len(px)
+        res.append((int(ok_all[start : start + n].sum()), float(loss_all[start : start + n].sum()), n))
+        start += n
+    return res
+
+
 class VmapBackend:
     """Client halves driven in lock-step; same-signature specs trained as one vmapped computation."""
 
@@ -166,14 +192,19 @@ class VmapBackend:
             self.noticed = True
 
     def run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
+        out: list[ClientResult | None] = [None] * len(jobs)
+        evals = [i for i, j in enumerate(jobs) if j.phase == EVALUATE]
+        for i, res in zip(evals, self._evaluate([jobs[i] for i in evals])):
+            out[i] = res
         if self.method.has_own_loop:
             self._notice(f"{self.method.label} runs its own loop on the client")
-            return [self.runtime.handle(j) for j in jobs]
-        out: list[ClientResult | None] = [None] * len(jobs)
+            for i, j in enumerate(jobs):
+                if out[i] is None:
+                    out[i] = self.runtime.handle(j)
+            return out  # type: ignore[return-value]
         live = {}  # index -> (ctx, generator, pending spec, seconds of this client's work so far)
         for i, job in enumerate(jobs):
             if job.phase == EVALUATE:
-                out[i] = self.runtime.handle(job)
                 continue
             t0 = time.perf_counter()
             ctx = self.runtime.ctx(job.cid, job.rnd, job.phase)
@@ -198,6 +229,29 @@ class VmapBackend:
                     ctx, gen, _, spent = live.pop(i)
                     self._advance(i, ctx, gen, r, spent + share, live, out)
         return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _evaluate(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
+        """Every client's personalized (and global) model on its evaluation split; models shared by several
+        clients are scored in one pass."""
+        items = []  # (job index, "" or "global_", params, x, y)
+        for i, job in enumerate(jobs):
+            ctx = self.runtime.ctx(job.cid, job.rnd, job.phase)
+            state = job.state if job.state is not None else self.method.init_client(ctx)
+            params, glob, (x, y) = self.runtime.eval_models(job.msg, state, ctx)
+            items.append((i, "", params, x, y))
+            if glob is not None:
+                items.append((i, "global_", glob, x, y))
+        metrics: list[dict] = [{} for _ in jobs]
+        groups: dict[tuple, list] = {}
+        for item in items:
+            groups.setdefault(tuple(id(t) for t in item[2].values()), []).append(item)
+        bs = int(jobs[0].msg.config.get("batch_size", 2048)) if jobs else 2048
+        for group in groups.values():
+            scores = evaluate_shared(self.run_info.model, group[0][2], [(x, y) for _, _, _, x, y in group], bs)
+            for (i, prefix, _, _, _), (c, lo, n) in zip(group, scores):
+                metrics[i].update({f"{prefix}correct": c, f"{prefix}loss": lo, f"{prefix}n": n})
+        return [ClientResult(Message(metrics=m), None, {}) for m in metrics]
 
     def _advance(self, i, ctx, gen, result, spent, live, out, first: bool = False) -> None:
         """Send the last result into the client's generator; keep its next spec pending, or collect its reply."""
