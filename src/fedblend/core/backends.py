@@ -20,7 +20,6 @@ import multiprocessing as mp
 import pickle
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -108,17 +107,21 @@ class ProcessBackend:
         threads = self.threads or max(1, torch.get_num_threads() // self.workers)
         ctx = mp.get_context("spawn")
         for w in range(self.workers):
-            own = {cid: encode(asdict(d), as_numpy=True) for cid, d in data.items() if cid % self.workers == w}
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name=f"fedblend-client-worker-{w}")
             proc.start()
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-            # the setup goes only to a worker that is listening (a worker that dies first is an error, not a hang)
+            # the setup goes only to a worker that is listening (a worker that dies first is an error, not a hang);
+            # its clients' tensors are serialised once, without intermediate copies, and released when sent
             if self._receive(w) != b"hello":
                 raise RuntimeError(f"client worker {w} did not start")
-            parent.send_bytes(pickle.dumps((method, run, own, tree, threads)))
+            own = {cid: encode(vars(d), as_numpy=True) for cid, d in data.items() if cid % self.workers == w}
+            blob = pickle.dumps((method, run, own, tree, threads), protocol=pickle.HIGHEST_PROTOCOL)
+            del own
+            parent.send_bytes(blob)
+            del blob
         for w in range(self.workers):
             if self._receive(w) != b"ready":
                 raise RuntimeError(f"client worker {w} did not start")
