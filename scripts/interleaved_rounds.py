@@ -17,8 +17,7 @@ import time
 import torch
 
 from fedblend.config import load_config
-from fedblend.core.engine import Simulation
-from fedblend.experiment import build_data
+from fedblend.experiment import build_data, create_simulation
 
 
 def main() -> int:
@@ -36,8 +35,7 @@ def main() -> int:
     if (cfgs[0].dataset, cfgs[0].partition) != (cfgs[1].dataset, cfgs[1].partition):
         raise SystemExit("the two configs must share dataset and partition")
     fed = build_data(cfgs[0], args.data_dir)
-    sims = [Simulation.create(c.build_method(), fed, c.model, c.train, args.rounds, c.seed, c.sampling, c.eval)
-            for c in cfgs]
+    sims = [create_simulation(c, fed, rounds=args.rounds) for c in cfgs]
     names = [c.label for c in cfgs]
     rows = []
     for r in range(args.rounds):

@@ -29,10 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from fedblend.config import RunConfig
-from fedblend.core.backends import make_backend
 from fedblend.core.engine import Simulation
 from fedblend.core.sampling import sample_clients
-from fedblend.experiment import build_data
+from fedblend.experiment import build_data, create_simulation
 from fedblend.models.zoo import build_model
 
 
@@ -95,8 +94,7 @@ def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -
     """Time ``rounds`` engine rounds of ``cfg`` against the plain loops (see module docstring)."""
     fed = build_data(cfg, data_dir)
     device = cfg.resolved_device()
-    sim = Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling,
-                            cfg.eval, backend=make_backend(cfg.backend, cfg.workers), device=device)
+    sim = create_simulation(cfg, fed, device=device)
     sim.protocol = dataclasses.replace(sim.protocol, every=10**9)  # evaluation is timed on its own below
     sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
     eng_t, plain_t, eng_e, plain_e, samples, clients = [], [], [], [], [], []

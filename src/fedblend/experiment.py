@@ -251,6 +251,15 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ the run
+def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = None,
+                      rounds: int | None = None) -> Simulation:
+    """The simulation of run config ``cfg`` on ``fed`` (method, model, training, sampling, evaluation, backend,
+    device, non-finite policy), for ``rounds`` rounds (default the config's)."""
+    return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
+                             cfg.sampling, cfg.eval, backend=make_backend(cfg.backend, cfg.workers),
+                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite)
+
+
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
                    resume: bool = False, progress: Callable[[dict, Simulation], None] | None = None,
                    stop_after: int | None = None, force: bool = False) -> dict[str, Any]:
@@ -274,9 +283,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
     fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved)
-    sim = Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, cfg.rounds, cfg.seed, cfg.sampling,
-                            cfg.eval, backend=make_backend(cfg.backend, cfg.workers), device=device,
-                            on_nonfinite=cfg.on_nonfinite)
+    sim = create_simulation(cfg, fed, device=device)
     created = not out.exists()
     start = 0
     try:

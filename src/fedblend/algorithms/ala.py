@@ -185,7 +185,8 @@ def fingerprint(params: Mapping[str, torch.Tensor]) -> str:
     for n, t in params.items():
         t = t.detach().cpu().contiguous()
         h.update(f"{n}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy())  # the buffer itself, no copy
     return h.hexdigest()
 
 
@@ -241,15 +242,18 @@ class ALA(ClientTransform):
         return (ctx.rnd, fingerprint(glob), fingerprint({n: local[n] for n in names}),
                 fingerprint(st["weights"] or {}), bool(st["initial_done"]), repr(self.opts))
 
-    def _run(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> tuple[Params, State, ALAResult | None]:
+    def _run(self, glob: Params, local: Params, st: State, ctx: ClientCtx,
+             memoise: bool = False) -> tuple[Params, State, ALAResult | None]:
         """ALA on client ``ctx.cid``: theta_hat, the new ALA state and the learning record (None when skipped).
 
-        A learning with the same inputs in the same round (memoised in ``ctx.cache`` by an evaluation that used
-        this round's training stream, see :meth:`eval_params`) is reused instead of repeated: same result."""
-        key = self._memo_key(glob, local, st, ctx)
+        ``memoise`` (an evaluation on this round's training stream, see :meth:`eval_params`) keeps the learning in
+        ``ctx.cache`` under its inputs; a later call in the same round with the same inputs reuses it instead of
+        learning again (same result). Inputs are fingerprinted only when a memo of this round exists or is kept."""
         memo = ctx.cache.get(self.key)
-        res = memo[1] if memo is not None and memo[0] == key else self._learn(glob, local, st, ctx)
-        ctx.cache[self.key] = (key, res)
+        key = self._memo_key(glob, local, st, ctx) if memoise or (memo is not None and memo[0][0] == ctx.rnd) else None
+        res = memo[1] if key is not None and memo is not None and memo[0] == key else self._learn(glob, local, st, ctx)
+        if memoise:
+            ctx.cache[self.key] = (key, res)
         if res is None:
             return glob, st, None
         hat = blend({**glob, **local}, glob, res.weights)
@@ -291,6 +295,7 @@ class ALA(ClientTransform):
             return blend(cstate["params"], glob, st["weights"] or {})
         if self.opts.eval_stream == "train":  # exactly the blend the client would train from in round rnd + 1
             ctx = replace(ctx, rnd=ctx.rnd + 1, tree=ctx.tree_for("train", ctx.rnd + 1))
+            return self._run(glob, cstate["params"], st, ctx, memoise=True)[0]
         return self._run(glob, cstate["params"], st, ctx)[0]
 
     def eval_description(self, method: Method, current: str) -> str:

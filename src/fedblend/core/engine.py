@@ -162,9 +162,9 @@ class Simulation:
             "train_loss": _mean([stats[c].get("train_loss") for c in selected]),
             "seconds": train_seconds,
         }
-        pooled = _pool_counts([stats[c] for c in selected])
-        metrics.update(pooled.pop("_values"))
-        for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"} - pooled["_keys"]):
+        pooled, consumed = _pool_counts([stats[c] for c in selected])
+        metrics.update(pooled)
+        for key in sorted({k for c in selected for k in stats[c]} - {"train_loss"} - consumed):
             metrics[key] = _mean([stats[c].get(key) for c in selected])
         metrics.update(sctx.stats)
         metrics.update(_time_shares([stats[c] for c in selected]))
@@ -274,7 +274,7 @@ def _time_shares(stats: list[dict]) -> dict[str, float]:
     return {k[: -len("_seconds")] + "_share": sum(float(s.get(k) or 0.0) for s in stats) / total for k in keys}
 
 
-def _pool_counts(stats: list[dict]) -> dict:
+def _pool_counts(stats: list[dict]) -> tuple[dict[str, float], set[str]]:
     """Per-client counts ``X_correct`` / ``X_n`` pooled into ``X_acc = sum correct / sum n`` over the round's
     clients (e.g. the before / after local training scores); returns the values and the keys consumed."""
     tags = sorted({k[: -len("_correct")] for s in stats for k in s if k.endswith("_correct")})
@@ -283,7 +283,7 @@ def _pool_counts(stats: list[dict]) -> dict:
         n = sum(int(s.get(f"{t}_n", 0)) for s in stats)
         values[f"{t}_acc"] = sum(int(s.get(f"{t}_correct", 0)) for s in stats) / n if n else float("nan")
         keys |= {f"{t}_correct", f"{t}_n"}
-    return {"_values": values, "_keys": keys}
+    return values, keys
 
 
 def _mean(values: list) -> float:
