@@ -100,7 +100,11 @@ def decode(arrays: Mapping[str, Any], device: str | torch.device | None = None) 
         if key in made:
             return made[key]
         a = arrays[key]
-        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.array(a, copy=True))
+        if isinstance(a, torch.Tensor):
+            t = a
+        else:  # share a writable buffer (e.g. just unpickled); copy a read-only one
+            a = np.asarray(a)
+            t = torch.from_numpy(a if a.flags.writeable else a.copy())
         dtype = getattr(torch, node["dtype"])
         if t.dtype != dtype:
             t = t.view(dtype)
