@@ -284,3 +284,26 @@ def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
     assert main(["run", *base, "--set", f"options.agent={str(agent)!r}", "--out", str(tmp_path / "run")]) == 0
     assert main(["pretrain", "--set", "dataset=synthetic", "--out", str(agent)]) == 2
     assert "method = 'pfedrlla'" in capsys.readouterr().err
+
+
+def test_adam_step_equals_torch_optim_adam():
+    """The functional Adam (kept as data in the server state) makes torch.optim.Adam's updates."""
+    from fedblend.algorithms.rl.nets import adam_init, minimise
+
+    g = torch.Generator().manual_seed(0)
+    net = {"w": torch.randn(4, 3, generator=g), "b": torch.randn(3, generator=g)}
+    x = torch.randn(8, 4, generator=g)
+
+    def loss_fn(p):
+        return ((x @ p["w"] + p["b"]) ** 2).mean()
+
+    ref = {k: v.clone().requires_grad_(True) for k, v in net.items()}
+    opt_ref = torch.optim.Adam(list(ref.values()), lr=0.01)
+    ours, opt = dict(net), adam_init(net)
+    for _ in range(5):
+        ours, opt, _ = minimise(ours, opt, 0.01, loss_fn)
+        opt_ref.zero_grad()
+        loss_fn(ref).backward()
+        opt_ref.step()
+    assert all(torch.allclose(ours[k], ref[k].detach(), atol=1e-6) for k in net) and opt["t"] == 5
+    assert not torch.allclose(ours["w"], net["w"])  # it moved
