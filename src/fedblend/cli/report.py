@@ -78,7 +78,7 @@ def unfinished(runs: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def _ms(values: list[float], scale: float = 100.0) -> str:
+def mean_std_cell(values: list[float], scale: float = 100.0) -> str:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return "-"
@@ -108,11 +108,11 @@ def aggregate(runs: list[Path]) -> list[dict[str, Any]]:
             "seeds": seeds,
             "n": len(ss),
             "rounds": ss[0]["rounds"],
-            "best": _ms([s["best_accuracy"] for s in ss]),
-            "final": _ms([s["final_accuracy"] for s in ss]),
-            "global_best": _ms([s.get("global_best_accuracy") for s in ss]),
-            "global_final": _ms([s.get("global_final_accuracy") for s in ss]),
-            "s_per_round": _ms([s["seconds_per_round"] for s in ss], 1.0),
+            "best": mean_std_cell([s["best_accuracy"] for s in ss]),
+            "final": mean_std_cell([s["final_accuracy"] for s in ss]),
+            "global_best": mean_std_cell([s.get("global_best_accuracy") for s in ss]),
+            "global_final": mean_std_cell([s.get("global_final_accuracy") for s in ss]),
+            "s_per_round": mean_std_cell([s["seconds_per_round"] for s in ss], 1.0),
             "best_mean": _mean_or_none([s["best_accuracy"] for s in ss]),
             "by_seed": {s["seed"]: {k: s.get(k) for k in COMPARED} for s in ss},
             "dirs": [s["_dir"] for s in ss],

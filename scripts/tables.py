@@ -1,0 +1,267 @@
+"""Results are data, tables are generated: build the tables of docs/benchmarks.md and docs/validation.md from
+the runs committed under ``results/``.
+
+Layout of ``results/`` (each run folder holds only ``config.toml``, ``summary.json`` and ``metrics.jsonl``):
+
+    results/<table>/<column>/<row>/seed<S>/     a benchmark run (row = the run's method, e.g. ``ditto``, ``fedavg+ala``)
+    results/validation/<method>/fedblend/        fedblend's side of a side-by-side run
+    results/validation/<method>/reference.json   the reference implementation's per-round accuracy (+ where from)
+    results/validation/<method>/verdict.md       the verdict in words (one paragraph)
+
+A generated table sits in a doc between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``; nothing between the
+markers is typed by hand.
+
+    python scripts/tables.py                      # rewrite every generated block in place
+    python scripts/tables.py --check              # exit 1 naming each block that differs from results/
+    python scripts/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
+
+``tests/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedblend.cli.report import mean_std_cell
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------ specs
+@dataclass(frozen=True)
+class Row:
+    """One method's row: ``key`` is its folder under each column (the run's method name), ``metric`` the summary
+    field reported (personalized best accuracy unless the paper reports the global model), ``paper`` the published
+    number per column."""
+
+    key: str
+    label: str
+    paper: dict[str, float] = field(default_factory=dict)
+    metric: str = "best_accuracy"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    root: str
+    columns: tuple[tuple[str, str], ...]
+    rows: tuple[Row, ...]
+    gains: bool = False  # ALA tables: a "gain" cell for X+ala rows over X
+
+
+def _paper(pat: float | None, dr: float | None) -> dict[str, float]:
+    return {k: v for k, v in (("pat", pat), ("dir", dr)) if v is not None}
+
+
+T1 = Table("t1", "docs/benchmarks.md", "results/t1", (("pat", "pathological"), ("dir", "Dir(0.1)")), (
+    Row("fedavg", "FedAvg (global model)", _paper(75.08, 86.96), "global_best_accuracy"),
+    Row("fedphp", "FedPHP", _paper(99.17, 95.33)),
+    Row("fedamp", "FedAMP", _paper(99.26, 96.44)),
+    Row("apple", "APPLE", _paper(99.06, 95.42)),
+    Row("fedala", "FedALA", _paper(99.33, 96.19)),
+    Row("pfedhn", "pFedHN", _paper(99.29, 95.95)),
+    Row("pfedla", "pFedLA", _paper(98.85, 95.30)),
+    Row("fedpac", "FedPAC", _paper(99.41, 96.36)),
+    Row("dbe", "DBE", _paper(99.20, 95.97)),
+    Row("fedproto", "FedProto", _paper(99.31, 95.52)),
+    Row("fedgh", "FedGH", _paper(99.32, 95.22)),
+    Row("fedapa", "FedAPA", _paper(99.35, 96.71)),
+    Row("fedavg-ft", "FedAvg-FT (1 epoch fine-tuning)"),
+    Row("local", "Local-only"),
+))
+
+T3 = Table("t3", "docs/benchmarks.md", "results/t3", (("pat", "pathological"),), (
+    Row("fedavg", "FedAvg (global model)", {"pat": 97.93}, "global_best_accuracy"),
+    Row("fedavg-ft", "FedAvg-C (FedAvg-FT, 1 epoch fine-tuning)", {"pat": 99.79}),
+    Row("ditto", "Ditto", {"pat": 99.81}),
+    Row("fedrep", "FedRep", {"pat": 99.77}),
+    Row("fedala", "FedALA", {"pat": 99.88}),
+))
+
+ALA_HOSTS = ("fedavg", "fedprox", "ditto", "fedrep", "fedphp", "fedamp", "perfedavg", "pfedme", "partialfed")
+ALA = Table("ala", "docs/benchmarks.md", "results/ala", (("dir", "T1 Dir(0.1)"),), tuple(
+    r for host in ALA_HOSTS for r in (
+        Row(host, host, {}, "global_best_accuracy" if host in ("fedavg", "fedprox") else "best_accuracy"),
+        Row(f"{host}+ala", f"{host}+ala"))), gains=True)
+
+TABLES = {t.name: t for t in (T1, T3, ALA)}
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def load_runs(folder: Path) -> list[dict]:
+    """The finished runs' summaries under ``folder`` (one per ``seed*`` subfolder), sorted by seed."""
+    out = []
+    for s in sorted(folder.glob("seed*/summary.json")):
+        summary = json.loads(s.read_text())
+        if summary.get("status", "finished") == "finished":
+            out.append(summary)
+    return sorted(out, key=lambda s: s["seed"])
+
+
+def cell(summaries: list[dict], metric: str, paper: float | None) -> str:
+    """``mean ± std`` (sample std over seeds) in %, the seed count when under 3, the paper's number in brackets."""
+    vals = [s.get(metric) for s in summaries]
+    vals = [v for v in vals if v is not None]
+    text = mean_std_cell(vals) if vals else "not run"
+    if vals and len(vals) < 3:
+        text += f" ({len(vals)} seed{'s' if len(vals) > 1 else ''})"
+    return text + (f" [{paper:.2f}]" if paper is not None else "")
+
+
+def gain_cell(host: list[dict], hosted: list[dict], host_metric: str) -> str:
+    """Mean over the seeds both have of (X+ala best) - (X's reported metric), in points."""
+    a = {s["seed"]: s.get("best_accuracy") for s in hosted}
+    b = {s["seed"]: s.get(host_metric) for s in host}
+    seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
+    if not seeds:
+        return "-"
+    d = np.array([a[k] - b[k] for k in seeds]) * 100
+    return f"{d.mean():+.2f}" + ("" if len(d) == 1 else f" (per seed {' / '.join(f'{x:+.2f}' for x in d)})")
+
+
+def render(table: Table, repo: Path = REPO) -> str:
+    root = repo / table.root
+    head = ["method"] + [f"{label} [paper]" if any(c in r.paper for r in table.rows) else label
+                         for c, label in table.columns]
+    if table.gains:
+        head += ["gain from ALA (points)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table.rows:
+        cells = [row.label]
+        for c, _ in table.columns:
+            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c)))
+        if table.gains:
+            if row.key.endswith("+ala"):
+                host = row.key[:-4]
+                metric = next(r.metric for r in table.rows if r.key == host)
+                cells.append("; ".join(gain_cell(load_runs(root / c / host), load_runs(root / c / row.key), metric)
+                                       for c, _ in table.columns))
+            else:
+                cells.append("")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def validation_rows(repo: Path = REPO) -> list[dict]:
+    """Per method under results/validation: our and the reference's per-round accuracy, compared round by round."""
+    rows = []
+    for ref_file in sorted((repo / "results" / "validation").glob("*/reference.json")):
+        folder = ref_file.parent
+        ref = json.loads(ref_file.read_text())
+        metrics = folder / "fedblend" / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        ours = {m["round"]: m["acc"] for m in map(json.loads, metrics.read_text().splitlines()) if "acc" in m}
+        theirs = dict(zip(ref["rounds"], ref["acc"]))
+        common = sorted(set(ours) & set(theirs))
+        if not common:
+            continue
+        diffs = [abs(ours[r] - theirs[r]) * 100 for r in common]
+        last = common[-1]
+        verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
+        rows.append({"method": folder.name, "repository": ref.get("repository", "?"),
+                     "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
+                     "rounds": len(common), "max_diff": max(diffs), "last": last,
+                     "ours": ours[last] * 100, "theirs": theirs[last] * 100,
+                     "verdict": " ".join(verdict.split())})
+    return rows
+
+
+def render_validation(repo: Path = REPO) -> str:
+    lines = ["| method | reference (repository, commit) | rounds compared | max per-round difference (points) | "
+             "last round: ours / reference % | verdict |", "|---|---|---|---|---|---|"]
+    for r in validation_rows(repo):
+        lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:.2f} | "
+                     f"{r['ours']:.2f} / {r['theirs']:.2f} (round {r['last']}) | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
+             "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
+
+
+# ------------------------------------------------------------------------------------------------ docs
+BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
+
+
+def regenerate(text: str, repo: Path = REPO) -> tuple[str, list[str]]:
+    """``text`` with every generated block rebuilt, and the names of the blocks that changed."""
+    changed = []
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise SystemExit(f"tables: unknown table {name!r} in a doc (known: {', '.join(RENDERERS)})")
+        body = "\n" + RENDERERS[name][1](repo=repo) + "\n"
+        if body != m.group("body"):
+            changed.append(name)
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(sub, text), changed
+
+
+def docs(repo: Path = REPO) -> list[Path]:
+    return sorted({repo / doc for doc, _ in RENDERERS.values() if (repo / doc).exists()})
+
+
+def check(repo: Path = REPO) -> list[str]:
+    """``doc: table`` for every generated block whose text differs from what results/ gives."""
+    out = []
+    for path in docs(repo):
+        _, changed = regenerate(path.read_text(), repo)
+        out += [f"{path.relative_to(repo)}: {name}" for name in changed]
+    return out
+
+
+def collect(sweep: Path, dest: Path) -> list[Path]:
+    """Copy every finished run under ``sweep`` to ``dest/<method>/seed<S>`` (its three run files only)."""
+    copied = []
+    for summary in sorted(sweep.rglob("summary.json")):
+        s = json.loads(summary.read_text())
+        if s.get("status", "finished") != "finished":
+            continue
+        out = dest / s["method"] / f"seed{s['seed']}"
+        out.mkdir(parents=True, exist_ok=True)
+        for f in RUN_FILES:
+            shutil.copy2(summary.parent / f, out / f)
+        copied.append(out)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="only check; exit 1 if a generated table is stale")
+    sub = ap.add_subparsers(dest="cmd")
+    c = sub.add_parser("collect", help="copy a sweep's finished runs into results/")
+    c.add_argument("sweep")
+    c.add_argument("dest")
+    args = ap.parse_args(argv)
+    if args.cmd == "collect":
+        for p in collect(Path(args.sweep), Path(args.dest)):
+            print(p)
+        return 0
+    if args.check:
+        stale = check()
+        for s in stale:
+            print(f"stale: {s} (run python scripts/tables.py)")
+        return 1 if stale else 0
+    for path in docs():
+        new, changed = regenerate(path.read_text())
+        if changed:
+            path.write_text(new)
+            print(f"{path.relative_to(REPO)}: {', '.join(changed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The benchmark tables in the docs are generated from the runs committed under results/ (``scripts/tables.py``):
+a number in a generated block that results/ does not give fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("tables", REPO / "scripts" / "tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["tables"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(root: Path, rel: str, seed: int, **summary) -> Path:
+    d = root / rel / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"status": "finished", "seed": seed, **summary}))
+    (d / "config.toml").write_text(f"seed = {seed}\n")
+    (d / "metrics.jsonl").write_text("")
+    return d
+
+
+def test_docs_tables_match_the_committed_results(tables):
+    assert tables.check() == []
+
+
+def test_every_doc_names_only_known_tables(tables):
+    for path in tables.docs():
+        for m in tables.BLOCK.finditer(path.read_text()):
+            assert m.group("name") in tables.RENDERERS, f"{path}: {m.group('name')}"
+
+
+def test_cell_is_mean_and_sample_std_over_seeds_with_the_paper_in_brackets(tmp_path, tables):
+    for seed, acc in enumerate([0.99, 0.98, 0.97]):
+        _run(tmp_path, "results/t3/pat/ditto", seed, method="ditto", best_accuracy=acc)
+    _run(tmp_path, "results/t3/pat/fedrep", 0, method="fedrep", best_accuracy=0.995)
+    _run(tmp_path, "results/t3/pat/fedrep", 1, method="fedrep", best_accuracy=0.5, status="stopped")
+    text = tables.render(tables.T3, tmp_path)
+    assert "| Ditto | 98.00 ± 1.00 [99.81] |" in text  # std with ddof = 1: sqrt(((1)^2 + 0 + (1)^2) / 2) = 1
+    assert "| FedRep | 99.50 (1 seed) [99.77] |" in text  # the stopped run is not averaged
+    assert "| FedALA | not run [99.88] |" in text
+
+
+def test_global_model_rows_report_the_global_metric(tmp_path, tables):
+    _run(tmp_path, "results/t3/pat/fedavg", 0, method="fedavg", best_accuracy=0.9, global_best_accuracy=0.8)
+    assert "| FedAvg (global model) | 80.00 (1 seed) [97.93] |" in tables.render(tables.T3, tmp_path)
+
+
+def test_ala_gain_is_paired_by_seed(tmp_path, tables):
+    for seed, (a, b) in enumerate([(0.90, 0.95), (0.80, 0.86)]):
+        _run(tmp_path, "results/ala/dir/ditto", seed, method="ditto", best_accuracy=a)
+        _run(tmp_path, "results/ala/dir/ditto+ala", seed, method="ditto+ala", best_accuracy=b)
+    _run(tmp_path, "results/ala/dir/ditto+ala", 7, method="ditto+ala", best_accuracy=0.1)  # no partner: left out
+    line = next(x for x in tables.render(tables.ALA, tmp_path).splitlines() if x.startswith("| ditto+ala |"))
+    assert line.endswith("| +5.50 (per seed +5.00 / +6.00) |")
+
+
+def test_a_stale_number_in_a_doc_is_caught_and_regenerated(tmp_path, tables):
+    for seed, acc in enumerate([0.99, 0.98, 0.97]):
+        _run(tmp_path, "results/t3/pat/ditto", seed, method="ditto", best_accuracy=acc)
+    fresh = tables.render(tables.T3, tmp_path)
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    doc.write_text("# T3\n<!-- table:t3 -->\n" + fresh.replace("98.00 ± 1.00", "98.10 ± 1.00") + "\n<!-- /table:t3 -->\n")
+    assert tables.check(tmp_path) == ["docs/benchmarks.md: t3"]
+    new, changed = tables.regenerate(doc.read_text(), tmp_path)
+    doc.write_text(new)
+    assert changed == ["t3"] and tables.check(tmp_path) == [] and "98.00 ± 1.00" in new
+
+
+def test_validation_row_compares_round_by_round(tmp_path, tables):
+    folder = tmp_path / "results" / "validation" / "fedavg"
+    (folder / "fedblend").mkdir(parents=True)
+    rows = [{"round": r, "acc": a} for r, a in [(1, 0.50), (2, 0.70), (3, 0.80)]]
+    (folder / "fedblend" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "reference.json").write_text(json.dumps({"repository": "TsingZ0/PFLlib", "commit": "abcdef0123456789",
+                                                       "rounds": [1, 2, 3], "acc": [0.52, 0.66, 0.805]}))
+    (folder / "verdict.md").write_text("agrees\n")
+    (row,) = tables.validation_rows(tmp_path)
+    assert row["max_diff"] == pytest.approx(4.0) and row["last"] == 3
+    assert (row["ours"], row["theirs"]) == (pytest.approx(80.0), pytest.approx(80.5))
+    assert "| fedavg | TsingZ0/PFLlib @ abcdef0123 | 3 | 4.00 | 80.00 / 80.50 (round 3) | agrees |" in \
+        tables.render_validation(tmp_path)
+
+
+def test_collect_copies_only_the_run_files_of_finished_runs(tmp_path, tables):
+    sweep = tmp_path / "sweep"
+    done = _run(sweep, "t3-x__method=ditto", 0, method="ditto", best_accuracy=0.9)
+    (done / "checkpoint.pt").write_bytes(b"x")
+    _run(sweep, "t3-x__method=fedrep", 0, method="fedrep", best_accuracy=0.9, status="stopped")
+    copied = tables.collect(sweep, tmp_path / "results" / "t3" / "pat")
+    assert copied == [tmp_path / "results" / "t3" / "pat" / "ditto" / "seed0"]
+    assert sorted(p.name for p in copied[0].iterdir()) == ["config.toml", "metrics.jsonl", "summary.json"]
