@@ -44,7 +44,9 @@ import numpy as np
 import torch
 
 import fedblend
+from fedblend.common import files
 from fedblend.common.errors import (
+    CheckpointMismatchError,
     CheckpointMissingError,
     ConfigError,
     NonFiniteError,
@@ -103,6 +105,10 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
     if not old:
         raise ResumeMismatchError(f"{ck_path} records no config (written by an older fedblend), so --resume "
                                   f"cannot check it continues the same run; start again with --force")
+    if "config_hash" in old and config_hash(old["config"]) != old["config_hash"]:
+        raise CheckpointMismatchError(f"--resume: {ck_path} records config hash {old['config_hash']} but its config "
+                                      f"hashes to {config_hash(old['config'])} (the checkpoint was altered); start "
+                                      f"again with --force")
     new = cfg.resolved()
     diffs = config_diff(old["config"], new, ignore=RUNTIME_ONLY + ("rounds",))
     if new["rounds"] < old["config"]["rounds"]:
@@ -116,6 +122,23 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
         warnings.warn(f"resuming with {torch.get_num_threads()} threads, the run used {old.get('threads')}: "
                       f"results may differ from an uninterrupted run in the last bits (use --threads "
                       f"{old.get('threads')})", RuntimeWarning, stacklevel=3)
+
+
+def check_checkpoint_files(ck: dict, out: Path, ck_path: Path) -> None:
+    """Refuse to resume when ``partition.json`` is not the file the checkpoint was written with (missing or
+    changed: its sha256 is recorded in the checkpoint). The client snapshot is checked when it is restored
+    (:func:`fedblend.core.state.verify_snapshot`)."""
+    want = ((ck.get("extra") or {}).get("files") or {}).get("partition.json")
+    if want is None:  # an older fedblend recorded no hashes
+        return
+    part = out / "partition.json"
+    if not part.is_file():
+        raise CheckpointMismatchError(f"--resume: {part} is missing; {ck_path} was written with it (the clients' "
+                                      f"data): restore it, or start again with --force")
+    if files.sha256_file(part) != want:
+        raise CheckpointMismatchError(f"--resume: {part} changed since {ck_path} was written (sha256 differs), so "
+                                      f"the clients' data would not be the run's: restore it, or start again with "
+                                      f"--force")
 
 
 # ------------------------------------------------------------------------------------------ results dir
@@ -156,10 +179,9 @@ def check_out_dir(out: Path, resume: bool, force: bool) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write ``text`` through a temporary file and a rename, so a failed write leaves the old file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write ``text`` through a temporary file and a rename, so a failed write leaves the old file whole (and no
+    temporary file)."""
+    files.write_atomic(path, text.encode())
 
 
 def _clear(out: Path, created: bool) -> None:
@@ -329,6 +351,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None:
         check_resume(ck, cfg, ck_path)
+        check_checkpoint_files(ck, out, ck_path)
     identity = run_identity(cfg, device)
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
@@ -353,12 +376,15 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
                 _clear(out, created=False)  # --force: no file of the old run survives
             out.mkdir(parents=True, exist_ok=True)
             fed.save(part_path)
-            (out / "partition.txt").write_text(fed.table() + "\n")
-            (out / "metrics.jsonl").write_text("")
+            _write(out / "partition.txt", fed.table() + "\n")
+            _write(out / "metrics.jsonl", "")
+        if not part_path.exists():  # resuming a checkpoint of an older fedblend without its partition.json
+            fed.save(part_path)
+        ck_files = {"partition.json": files.sha256_file(part_path)}
         _write(out / "config.toml", config_header(identity) + dump_toml(identity["config"]))
         trackers = [TensorBoardLog(out / TB_DIR)] if cfg.log.tensorboard else []
         try:
-            summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers)
+            summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers, ck_files)
         finally:
             for tr in trackers:
                 tr.close()
@@ -376,14 +402,13 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
 
 
 def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progress, stop_after,
-              trackers: list = ()) -> dict:
+              trackers: list = (), ck_files: dict | None = None) -> dict:
     t0 = time.perf_counter()
     done = 0
 
     def on_round(m: dict) -> None:
         nonlocal done
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(dumps(m) + "\n")
+        files.append_text(out / "metrics.jsonl", dumps(m) + "\n")
         for tr in trackers:
             tr(m)
         done += 1
@@ -395,7 +420,7 @@ def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progre
     try:
         with sim:
             sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every,
-                    extra_state={"identity": identity})
+                    extra_state={"identity": identity, "files": ck_files or {}})
     except _Stop:
         return {"stopped_at": sim.next_round}
     except NonFiniteError as exc:

@@ -277,10 +277,19 @@ class Simulation:
         return self.history
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        clients = self.store.checkpoint(Path(path).parent)
-        save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
-                               "history": self.history, "extra": extra or {},
-                               "train": asdict(self.run_info.train)})
+        """Checkpoint the run to ``path`` as one unit: the store's part first (a disk store's new snapshot),
+        then ``checkpoint.pt``, which names it, replaced atomically; only then are older snapshots removed. A
+        failure at any step leaves the previous checkpoint whole and removes what this one wrote."""
+        ck_dir = Path(path).parent
+        clients = self.store.checkpoint(ck_dir, self.next_round)
+        try:
+            save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
+                                   "history": self.history, "extra": extra or {},
+                                   "train": asdict(self.run_info.train)})
+        except BaseException:
+            self.store.discard(ck_dir, clients)
+            raise
+        self.store.commit(ck_dir, clients)
 
     def restore(self, path: str | Path, ck: dict | None = None) -> dict:
         """Continue from the checkpoint at ``path`` (or its already loaded contents ``ck``); returns its extra

@@ -139,7 +139,9 @@ class FederatedData:
 
     def save(self, path: str | Path) -> None:
         """Write the partition (indices + counts + spec) as JSON; :func:`load_partition` reads it back."""
-        Path(path).write_text(json.dumps({**self.summary(), "indices": self.indices}))
+        from fedblend.common.files import write_atomic
+
+        write_atomic(path, json.dumps({**self.summary(), "indices": self.indices}).encode())
 
 
 def _normalise(raw: RawDataset, x: np.ndarray) -> torch.Tensor:
