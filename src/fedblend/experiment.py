@@ -7,11 +7,13 @@ Results directory (the run contract other tools rely on)::
     partition.json     per-client sample indices, class counts and the partition spec (reloadable)
     partition.txt      the per-client class-count table
     metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...);
-                       a run stopped by a non-finite update ends with a row saying so
+                       a run stopped by a non-finite update ends with a row saying so; a round in which
+                       the run diverged carries "diverged": reason
     metrics.csv        the scalar columns of metrics.jsonl
     accuracy.png       personalized (and global) test accuracy per round, written at the end ([log] plot)
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
-    summary.json       status ("finished" or "stopped"), best_accuracy, final_accuracy, best_round,
+    summary.json       status ("finished", or "diverged" with divergence = {round, reason}: a diverged run is
+                       never a result), best_accuracy, final_accuracy, best_round,
                        global_accuracy (if a global model exists), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads)
@@ -49,6 +51,7 @@ from fedblend.common.errors import (
     CheckpointMismatchError,
     CheckpointMissingError,
     ConfigError,
+    DivergedError,
     NonFiniteError,
     ResumeMismatchError,
     RunExistsError,
@@ -256,6 +259,7 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         "bytes_down_per_round": _mean([sum(m["bytes_down"]) for m in sim.history]),
         "bytes_up_per_round": _mean([sum(m["bytes_up"]) for m in sim.history]),
         "on_nonfinite": sim.on_nonfinite,
+        "on_divergence": sim.on_divergence,
         "nonfinite_skipped": [{"round": m["round"], "clients": m["nonfinite_clients"]}
                               for m in sim.history if m.get("nonfinite_clients")],
         "protocol": _protocol(cfg, sim),
@@ -328,7 +332,8 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
     (e.g. the Flower backend of :mod:`fedblend.flower`)."""
     return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
                              cfg.sampling, cfg.eval, backend=backend or make_backend(cfg.backend, cfg.workers),
-                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite)
+                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite,
+                             on_divergence=cfg.on_divergence, divergence_factor=cfg.divergence_factor)
 
 
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
@@ -392,7 +397,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
             plot_run(out)
     except BaseException as exc:
         # a fresh run that recorded nothing leaves nothing behind (a non-finite stop keeps its summary)
-        fresh_nothing_done = ck is None and sim.next_round == 0 and not isinstance(exc, NonFiniteError)
+        fresh_nothing_done = ck is None and sim.next_round == 0 and not isinstance(exc, DivergedError)
         if fresh_nothing_done:
             _clear(out, created)
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
@@ -423,16 +428,29 @@ def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progre
                     extra_state={"identity": identity, "files": ck_files or {}})
     except _Stop:
         return {"stopped_at": sim.next_round}
-    except NonFiniteError as exc:
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(dumps({"round": exc.round, "stopped": "nonfinite", "nonfinite_clients": [exc.client],
-                           "tensor": exc.tensor, "on_nonfinite": "stop"}) + "\n")
+    except DivergedError as exc:
+        if isinstance(exc, NonFiniteError):  # stopped inside the round, before aggregating
+            files.append_text(out / "metrics.jsonl", dumps(
+                {"round": exc.round, "stopped": "nonfinite", "nonfinite_clients": [exc.client], "tensor": exc.tensor,
+                 "on_nonfinite": "stop"}) + "\n")
+        elif sim.history and sim.history[-1].get("diverged"):  # the diverged round's row, then the stop
+            files.append_text(out / "metrics.jsonl", dumps(sim.history[-1]) + "\n")
+            files.append_text(out / "metrics.jsonl", dumps({"round": exc.round, "stopped": "diverged",
+                                                            "reason": exc.reason}) + "\n")
         summary = summarize(cfg, sim, time.perf_counter() - t0)
-        summary.update(status="stopped", stop_reason=str(exc),
-                       nonfinite={"round": exc.round, "client": exc.client, "tensor": exc.tensor})
+        summary.update(status="diverged", stop_reason=str(exc), divergence={"round": exc.round, "reason": exc.reason})
+        if isinstance(exc, NonFiniteError):
+            summary["nonfinite"] = {"round": exc.round, "client": exc.client, "tensor": exc.tensor}
         _finish(out, sim, summary, identity)
         raise
     summary = summarize(cfg, sim, time.perf_counter() - t0)
+    if sim.diverged is not None:  # on_divergence = "warn": the run went on, but it is no result
+        d = sim.diverged
+        summary.update(status="diverged", divergence=d, stop_reason=f"round {d['round']}: {d['reason']}")
+        _finish(out, sim, summary, identity)
+        raise DivergedError(f"round {d['round']}: the run diverged: {d['reason']}. It went on to round "
+                            f"{sim.next_round} (on_divergence = 'warn'), and its summary says status 'diverged' "
+                            f"(no result)", d["round"], d["reason"])
     _finish(out, sim, summary, identity)
     return summary
 
