@@ -30,6 +30,7 @@ that fails before its first round leaves nothing behind.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import platform
@@ -361,7 +362,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
-    fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved)
+    fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved, source=str(part_path))
     sim = create_simulation(cfg, fed, device=device, backend=backend)
     sim.on_client = getattr(progress, "on_client", None)
     created = not out.exists()
@@ -474,10 +475,10 @@ def plot_run(out: Path) -> Path | None:
         warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
                       RuntimeWarning, stacklevel=2)
         return None
-    import json
+    from fedblend.common.jsonio import read_jsonl
 
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "acc" in r]
+    rows = read_jsonl(out / "metrics.jsonl", f"continue the run with --resume (it rewrites {out / 'metrics.jsonl'})")
+    rows = [r for r in rows if "acc" in r and "round" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, name in (("acc", "personalized"), ("global_acc", "global")):
         pts = [(r["round"], 100 * r[key]) for r in rows if r.get(key) is not None]
@@ -491,8 +492,12 @@ def plot_run(out: Path) -> Path | None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise files.WriteError(path, exc) from exc
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -530,14 +535,15 @@ def _write_csv(path: Path, history: list[dict]) -> None:
             if not isinstance(v, (list, dict)) and k not in keys:
                 keys.append(k)
     keys += ["num_selected", "bytes_down_total", "bytes_up_total"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for m in history:
-            row = {k: m.get(k, "") for k in keys}
-            row.update(num_selected=len(m["selected"]), bytes_down_total=sum(m["bytes_down"]),
-                       bytes_up_total=sum(m["bytes_up"]))
-            w.writerow(row)
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for m in history:
+        row = {k: m.get(k, "") for k in keys}
+        row.update(num_selected=len(m["selected"]), bytes_down_total=sum(m["bytes_down"]),
+                   bytes_up_total=sum(m["bytes_up"]))
+        w.writerow(row)
+    files.write_atomic(path, f.getvalue().encode())
 
 
 def _mean(vals: list[float]) -> float:
