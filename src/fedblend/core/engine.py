@@ -195,10 +195,6 @@ class Simulation:
         def aggregate(phase: str, replies: dict[int, Message]) -> None:
             if replies:  # every reply skipped as non-finite: the server keeps its state
                 self.server = self.method.aggregate(phase, self.server, replies, sctx)
-                where = first_nonfinite_value(self.server)
-                if where is not None and not any("server state" in a for a in self._alarms):
-                    self._alarms.append(f"the server state has NaN or inf values after aggregating the {phase} "
-                                        f"phase (in {where})")
 
         answered: dict[str, int] = {}  # replies received per phase
         refused: dict[str, int] = {}  # of them skipped as non-finite
@@ -218,6 +214,11 @@ class Simulation:
                 replies = exchange(phase, active)
                 aggregate(phase, replies)
                 accepted = list(replies)
+            where = first_nonfinite_value(self.server)  # once per phase (a sequential server aggregates per client)
+            if where is not None:
+                self._alarms.append(f"the server state has NaN or inf values after aggregating the {phase} phase "
+                                    f"(in {where})")
+                break
             if answered.get(phase) and refused.get(phase) == answered[phase]:
                 self._alarms.append(f"every {phase} update of the round ({answered[phase]}) was skipped as "
                                     f"non-finite (on_nonfinite = 'skip'): nothing was aggregated")
