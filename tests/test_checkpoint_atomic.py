@@ -204,3 +204,21 @@ def test_resume_refuses_files_that_do_not_belong_to_the_checkpoint(tmp_path, cap
     assert len(err) == 1 and err[0].startswith("fedblend: error: --resume") and match in err[0], err
     assert "--force" in err[0] or "restore" in err[0]
     assert _tree(out) == before  # a refused resume changes nothing
+
+
+def test_a_live_client_file_deleted_during_the_run_stops_it(tmp_path, capsys, monkeypatch):
+    """store = "disk": a client's state file that disappears mid-run is an error, never a fresh state."""
+    real = Simulation.run_round
+
+    def round_then_delete(sim):
+        m = real(sim)
+        if sim.next_round == 1:
+            (tmp_path / "run" / "clients" / "1.pt").unlink()
+        return m
+
+    monkeypatch.setattr(Simulation, "run_round", round_then_delete)
+    args = [a for s in [*SETS, "store='disk'"] for a in ("--set", s)]
+    rc = main(["run", *args, "--quiet", "--threads", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert "clients/1.pt, client 1's state, disappeared during the run" in err[0] and "--resume" in err[0]

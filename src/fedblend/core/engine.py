@@ -55,7 +55,7 @@ from fedblend.core.evaluation import EvalProtocol, summarise
 from fedblend.core.message import Message, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
-from fedblend.core.state import ClientStore
+from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData
 from fedblend.models.zoo import build_model, model_params
@@ -400,7 +400,8 @@ class Simulation:
                                    "history": self.history, "extra": extra or {},
                                    "train": asdict(self.run_info.train)})
         except BaseException:
-            self.store.discard(ck_dir, clients)
+            if not _names_snapshot(path, clients):  # a failure after checkpoint.pt was replaced keeps the snapshot
+                self.store.discard(ck_dir, clients)
             raise
         self.store.commit(ck_dir, clients)
 
@@ -415,6 +416,16 @@ class Simulation:
         self.store.restore(ck["clients"], Path(path).parent)
         self.history = ck["history"]
         return ck.get("extra", {})
+
+
+def _names_snapshot(path: str | Path, clients: Any) -> bool:
+    """Whether the checkpoint at ``path`` names the disk snapshot ``clients`` (False for a memory store's)."""
+    if not is_snapshot(clients):
+        return False
+    try:
+        return load_checkpoint(path)["clients"].get(DISK_SNAPSHOT) == clients[DISK_SNAPSHOT]
+    except Exception:  # missing, unreadable: it does not
+        return False
 
 
 def decode_to(obj: Any, device: str) -> Any:

@@ -31,12 +31,17 @@ import torch
 
 from fedblend.common import files
 from fedblend.common.codec import decode, encode
-from fedblend.common.errors import CheckpointMismatchError
+from fedblend.common.errors import CheckpointMismatchError, FedblendError
 
 State = dict[str, Any]
 DISK_SNAPSHOT = "__disk_snapshot__"
 MANIFEST = "__files__"  # {"<cid>.pt": sha256} of a disk snapshot
 SNAPSHOTS = "clients.ckpt"
+
+
+class StoreError(FedblendError):
+    """A client-state file the store wrote is gone or unreadable during a run (the run stops; --resume continues
+    from the last checkpoint)."""
 
 
 class ClientStore:
@@ -114,6 +119,7 @@ class DiskStore(ClientStore):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.device = device
+        self.known = {int(p.stem) for p in self.root.glob("*.pt")}  # clients whose state is on disk
 
     def _path(self, cid: int) -> Path:
         return self.root / f"{int(cid)}.pt"
@@ -121,11 +127,19 @@ class DiskStore(ClientStore):
     def get(self, cid: int) -> State | None:
         p = self._path(cid)
         if not p.exists():
+            if cid in self.known:  # never silently a fresh state for a client that has one
+                raise StoreError(f"{p}, client {cid}'s state, disappeared during the run; the run stopped: "
+                                 f"continue from its last checkpoint with --resume")
             return None
-        return decode(torch.load(p, map_location="cpu", weights_only=True), self.device)
+        try:
+            return decode(torch.load(p, map_location="cpu", weights_only=True), self.device)
+        except Exception as exc:  # torch: RuntimeError / pickle errors for a damaged file
+            raise StoreError(f"{p}, client {cid}'s state, cannot be read ({type(exc).__name__}); the run stopped: "
+                             f"continue from its last checkpoint with --resume") from exc
 
     def put(self, cid: int, state: State) -> None:
         files.save_tensors(encode(state), self._path(cid))  # a new file: links in a snapshot keep the old one
+        self.known.add(int(cid))
 
     def __contains__(self, cid: int) -> bool:
         return self._path(cid).exists()
@@ -179,9 +193,11 @@ class DiskStore(ClientStore):
         snap_files = verify_snapshot(saved, ck_dir) if is_snapshot(saved) else None
         for p in self.root.glob("*.pt"):
             p.unlink()
+        self.known = set()
         if snap_files is not None:
             for f in snap_files:
                 files.link(f, self.root / f.name)
+                self.known.add(int(f.stem))
         else:
             for cid, st in dict(saved).items():
                 self.put(cid, st)
