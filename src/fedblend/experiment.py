@@ -195,7 +195,8 @@ def _clear(out: Path, created: bool) -> None:
     else:
         for f in RUN_FILES:
             (out / f).unlink(missing_ok=True)
-        shutil.rmtree(out / TB_DIR, ignore_errors=True)
+        for d in (TB_DIR, "clients", "clients.ckpt"):  # trackers' and a disk store's folders
+            shutil.rmtree(out / d, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ summary
