@@ -178,12 +178,17 @@ def test_nonfinite_policies_through_the_command(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "round 1: client 0's train update has NaN or inf" in err[0]
     s = _strict(tmp_path / "stop" / "summary.json")
-    assert s["status"] == "stopped" and s["nonfinite"]["round"] == 1 and s["nonfinite"]["client"] == 0
+    assert s["status"] == "diverged" and s["nonfinite"]["round"] == 1 and s["nonfinite"]["client"] == 0
+    assert s["divergence"]["round"] == 1
     rows = _strict(tmp_path / "stop" / "metrics.jsonl")
     assert rows[-1]["stopped"] == "nonfinite" and rows[-1]["nonfinite_clients"] == [0]
-    assert main(["run", *BASE, *big, "--set", "on_nonfinite=skip", "--out", str(tmp_path / "skip")]) == 0
+    # "skip" drops the NaN updates; the one finite update left (weights near 1e30) makes a global model whose
+    # evaluation loss is NaN: the run diverged, it is never a result
+    assert main(["run", *BASE, *big, "--set", "on_nonfinite=skip", "--out", str(tmp_path / "skip")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "round 1: the run diverged: the personalized model of 3 client(s)" in err[0], err
     s = _strict(tmp_path / "skip" / "summary.json")
-    assert s["status"] == "finished" and s["on_nonfinite"] == "skip"
+    assert s["status"] == "diverged" and s["on_nonfinite"] == "skip" and s["divergence"]["round"] == 1
     assert s["nonfinite_skipped"] and all(r["clients"] for r in s["nonfinite_skipped"])
     for f in ("summary.json", "metrics.jsonl"):
         for p in (tmp_path / "stop" / f, tmp_path / "skip" / f):

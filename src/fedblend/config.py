@@ -12,6 +12,8 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes) or "vmap"
     workers = 2                # worker processes of the "processes" backend
     on_nonfinite = "stop"      # a client update with NaN/inf: "stop" the run, or "skip" that client's update
+    on_divergence = "stop"     # a diverged run (NaN/inf in a state or loss, a loss explosion): "stop" or "warn"
+    divergence_factor = 100.0  # a train loss above this x max(ln classes, round 1's train loss) has diverged
     store = "memory"           # client states in "memory", or on "disk" (OUT/clients, one file per client)
     [partition] ...            # fedblend.data.federated.PartitionSpec
     [train] ...                # fedblend.core.training.TrainConfig
@@ -69,17 +71,22 @@ class LogConfig:
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol,
           "log": LogConfig}
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
-           "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str, "store": str}
+           "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str, "store": str,
+           "on_divergence": str, "divergence_factor": float}
 DEVICES = ("cpu", "cuda", "auto")
 BACKEND_NAMES = ("sequential", "processes", "vmap")
 NONFINITE_POLICIES = ("stop", "skip")
+DIVERGENCE_POLICIES = ("stop", "warn")
 STORES = ("memory", "disk")
 SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
-                  "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES, "store": STORES}
-SCALAR_RANGES = {"rounds": ">= 1", "seed": ">= 0", "checkpoint_every": ">= 0", "workers": ">= 1"}
+                  "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES, "store": STORES,
+                  "on_divergence": DIVERGENCE_POLICIES}
+SCALAR_RANGES = {"rounds": ">= 1", "seed": ">= 0", "checkpoint_every": ">= 0", "workers": ">= 1",
+                 "divergence_factor": "> 1"}
 # Fields that change how a run executes but not its results: they may differ on --resume and are left out of
-# the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result).
-RUNTIME_ONLY = ("backend", "workers", "store", "log")
+# the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result). The
+# divergence guard changes no number of a round either, only whether a diverged run stops or is flagged.
+RUNTIME_ONLY = ("backend", "workers", "store", "log", "on_divergence", "divergence_factor")
 # [partition] fields that apply to some splits only: setting one for another split is an error.
 SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("train_val_test",),
               "test_per_client": ("official",), "min_test_samples": ("official",)}
@@ -99,6 +106,8 @@ class RunConfig:
     workers: int = 2
     on_nonfinite: str = "stop"
     store: str = "memory"
+    on_divergence: str = "stop"
+    divergence_factor: float = 100.0
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -7,11 +7,13 @@ Results directory (the run contract other tools rely on)::
     partition.json     per-client sample indices, class counts and the partition spec (reloadable)
     partition.txt      the per-client class-count table
     metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...);
-                       a run stopped by a non-finite update ends with a row saying so
+                       a run stopped by a non-finite update ends with a row saying so; a round in which
+                       the run diverged carries "diverged": reason
     metrics.csv        the scalar columns of metrics.jsonl
     accuracy.png       personalized (and global) test accuracy per round, written at the end ([log] plot)
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
-    summary.json       status ("finished" or "stopped"), best_accuracy, final_accuracy, best_round,
+    summary.json       status ("finished", or "diverged" with divergence = {round, reason}: a diverged run is
+                       never a result), best_accuracy, final_accuracy, best_round,
                        global_accuracy (if a global model exists), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads)
@@ -28,6 +30,7 @@ that fails before its first round leaves nothing behind.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import platform
@@ -44,9 +47,12 @@ import numpy as np
 import torch
 
 import fedblend
+from fedblend.common import files
 from fedblend.common.errors import (
+    CheckpointMismatchError,
     CheckpointMissingError,
     ConfigError,
+    DivergedError,
     NonFiniteError,
     ResumeMismatchError,
     RunExistsError,
@@ -103,6 +109,10 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
     if not old:
         raise ResumeMismatchError(f"{ck_path} records no config (written by an older fedblend), so --resume "
                                   f"cannot check it continues the same run; start again with --force")
+    if "config_hash" in old and config_hash(old["config"]) != old["config_hash"]:
+        raise CheckpointMismatchError(f"--resume: {ck_path} records config hash {old['config_hash']} but its config "
+                                      f"hashes to {config_hash(old['config'])} (the checkpoint was altered); start "
+                                      f"again with --force")
     new = cfg.resolved()
     diffs = config_diff(old["config"], new, ignore=RUNTIME_ONLY + ("rounds",))
     if new["rounds"] < old["config"]["rounds"]:
@@ -116,6 +126,23 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
         warnings.warn(f"resuming with {torch.get_num_threads()} threads, the run used {old.get('threads')}: "
                       f"results may differ from an uninterrupted run in the last bits (use --threads "
                       f"{old.get('threads')})", RuntimeWarning, stacklevel=3)
+
+
+def check_checkpoint_files(ck: dict, out: Path, ck_path: Path) -> None:
+    """Refuse to resume when ``partition.json`` is not the file the checkpoint was written with (missing or
+    changed: its sha256 is recorded in the checkpoint). The client snapshot is checked when it is restored
+    (:func:`fedblend.core.state.verify_snapshot`)."""
+    want = ((ck.get("extra") or {}).get("files") or {}).get("partition.json")
+    if want is None:  # an older fedblend recorded no hashes
+        return
+    part = out / "partition.json"
+    if not part.is_file():
+        raise CheckpointMismatchError(f"--resume: {part} is missing; {ck_path} was written with it (the clients' "
+                                      f"data): restore it, or start again with --force")
+    if files.sha256_file(part) != want:
+        raise CheckpointMismatchError(f"--resume: {part} changed since {ck_path} was written (sha256 differs), so "
+                                      f"the clients' data would not be the run's: restore it, or start again with "
+                                      f"--force")
 
 
 # ------------------------------------------------------------------------------------------ results dir
@@ -156,10 +183,9 @@ def check_out_dir(out: Path, resume: bool, force: bool) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write ``text`` through a temporary file and a rename, so a failed write leaves the old file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write ``text`` through a temporary file and a rename, so a failed write leaves the old file whole (and no
+    temporary file)."""
+    files.write_atomic(path, text.encode())
 
 
 def _clear(out: Path, created: bool) -> None:
@@ -169,7 +195,8 @@ def _clear(out: Path, created: bool) -> None:
     else:
         for f in RUN_FILES:
             (out / f).unlink(missing_ok=True)
-        shutil.rmtree(out / TB_DIR, ignore_errors=True)
+        for d in (TB_DIR, "clients", "clients.ckpt"):  # trackers' and a disk store's folders
+            shutil.rmtree(out / d, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -234,6 +261,7 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         "bytes_down_per_round": _mean([sum(m["bytes_down"]) for m in sim.history]),
         "bytes_up_per_round": _mean([sum(m["bytes_up"]) for m in sim.history]),
         "on_nonfinite": sim.on_nonfinite,
+        "on_divergence": sim.on_divergence,
         "nonfinite_skipped": [{"round": m["round"], "clients": m["nonfinite_clients"]}
                               for m in sim.history if m.get("nonfinite_clients")],
         "protocol": _protocol(cfg, sim),
@@ -306,7 +334,8 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
     (e.g. the Flower backend of :mod:`fedblend.flower`)."""
     return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
                              cfg.sampling, cfg.eval, backend=backend or make_backend(cfg.backend, cfg.workers),
-                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite)
+                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite,
+                             on_divergence=cfg.on_divergence, divergence_factor=cfg.divergence_factor)
 
 
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
@@ -329,11 +358,12 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None:
         check_resume(ck, cfg, ck_path)
+        check_checkpoint_files(ck, out, ck_path)
     identity = run_identity(cfg, device)
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
-    fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved)
+    fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved, source=str(part_path))
     sim = create_simulation(cfg, fed, device=device, backend=backend)
     sim.on_client = getattr(progress, "on_client", None)
     created = not out.exists()
@@ -353,12 +383,15 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
                 _clear(out, created=False)  # --force: no file of the old run survives
             out.mkdir(parents=True, exist_ok=True)
             fed.save(part_path)
-            (out / "partition.txt").write_text(fed.table() + "\n")
-            (out / "metrics.jsonl").write_text("")
+            _write(out / "partition.txt", fed.table() + "\n")
+            _write(out / "metrics.jsonl", "")
+        if not part_path.exists():  # resuming a checkpoint of an older fedblend without its partition.json
+            fed.save(part_path)
+        ck_files = {"partition.json": files.sha256_file(part_path)}
         _write(out / "config.toml", config_header(identity) + dump_toml(identity["config"]))
         trackers = [TensorBoardLog(out / TB_DIR)] if cfg.log.tensorboard else []
         try:
-            summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers)
+            summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers, ck_files)
         finally:
             for tr in trackers:
                 tr.close()
@@ -366,7 +399,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
             plot_run(out)
     except BaseException as exc:
         # a fresh run that recorded nothing leaves nothing behind (a non-finite stop keeps its summary)
-        fresh_nothing_done = ck is None and sim.next_round == 0 and not isinstance(exc, NonFiniteError)
+        fresh_nothing_done = ck is None and sim.next_round == 0 and not isinstance(exc, DivergedError)
         if fresh_nothing_done:
             _clear(out, created)
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
@@ -376,14 +409,13 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
 
 
 def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progress, stop_after,
-              trackers: list = ()) -> dict:
+              trackers: list = (), ck_files: dict | None = None) -> dict:
     t0 = time.perf_counter()
     done = 0
 
     def on_round(m: dict) -> None:
         nonlocal done
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(dumps(m) + "\n")
+        files.append_text(out / "metrics.jsonl", dumps(m) + "\n")
         for tr in trackers:
             tr(m)
         done += 1
@@ -395,19 +427,32 @@ def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progre
     try:
         with sim:
             sim.run(on_round, checkpoint_dir=out, checkpoint_every=cfg.checkpoint_every,
-                    extra_state={"identity": identity})
+                    extra_state={"identity": identity, "files": ck_files or {}})
     except _Stop:
         return {"stopped_at": sim.next_round}
-    except NonFiniteError as exc:
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(dumps({"round": exc.round, "stopped": "nonfinite", "nonfinite_clients": [exc.client],
-                           "tensor": exc.tensor, "on_nonfinite": "stop"}) + "\n")
+    except DivergedError as exc:
+        if isinstance(exc, NonFiniteError):  # stopped inside the round, before aggregating
+            files.append_text(out / "metrics.jsonl", dumps(
+                {"round": exc.round, "stopped": "nonfinite", "nonfinite_clients": [exc.client], "tensor": exc.tensor,
+                 "on_nonfinite": "stop"}) + "\n")
+        elif sim.history and sim.history[-1].get("diverged"):  # the diverged round's row, then the stop
+            files.append_text(out / "metrics.jsonl", dumps(sim.history[-1]) + "\n")
+            files.append_text(out / "metrics.jsonl", dumps({"round": exc.round, "stopped": "diverged",
+                                                            "reason": exc.reason}) + "\n")
         summary = summarize(cfg, sim, time.perf_counter() - t0)
-        summary.update(status="stopped", stop_reason=str(exc),
-                       nonfinite={"round": exc.round, "client": exc.client, "tensor": exc.tensor})
+        summary.update(status="diverged", stop_reason=str(exc), divergence={"round": exc.round, "reason": exc.reason})
+        if isinstance(exc, NonFiniteError):
+            summary["nonfinite"] = {"round": exc.round, "client": exc.client, "tensor": exc.tensor}
         _finish(out, sim, summary, identity)
         raise
     summary = summarize(cfg, sim, time.perf_counter() - t0)
+    if sim.diverged is not None:  # on_divergence = "warn": the run went on, but it is no result
+        d = sim.diverged
+        summary.update(status="diverged", divergence=d, stop_reason=f"round {d['round']}: {d['reason']}")
+        _finish(out, sim, summary, identity)
+        raise DivergedError(f"round {d['round']}: the run diverged: {d['reason']}. It went on to round "
+                            f"{sim.next_round} (on_divergence = 'warn'), and its summary says status 'diverged' "
+                            f"(no result)", d["round"], d["reason"])
     _finish(out, sim, summary, identity)
     return summary
 
@@ -431,10 +476,10 @@ def plot_run(out: Path) -> Path | None:
         warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
                       RuntimeWarning, stacklevel=2)
         return None
-    import json
+    from fedblend.common.jsonio import read_jsonl
 
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "acc" in r]
+    rows = read_jsonl(out / "metrics.jsonl", f"continue the run with --resume (it rewrites {out / 'metrics.jsonl'})")
+    rows = [r for r in rows if "acc" in r and "round" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, name in (("acc", "personalized"), ("global_acc", "global")):
         pts = [(r["round"], 100 * r[key]) for r in rows if r.get(key) is not None]
@@ -448,8 +493,12 @@ def plot_run(out: Path) -> Path | None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise files.WriteError(path, exc) from exc
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -487,14 +536,15 @@ def _write_csv(path: Path, history: list[dict]) -> None:
             if not isinstance(v, (list, dict)) and k not in keys:
                 keys.append(k)
     keys += ["num_selected", "bytes_down_total", "bytes_up_total"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for m in history:
-            row = {k: m.get(k, "") for k in keys}
-            row.update(num_selected=len(m["selected"]), bytes_down_total=sum(m["bytes_down"]),
-                       bytes_up_total=sum(m["bytes_up"]))
-            w.writerow(row)
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for m in history:
+        row = {k: m.get(k, "") for k in keys}
+        row.update(num_selected=len(m["selected"]), bytes_down_total=sum(m["bytes_down"]),
+                   bytes_up_total=sum(m["bytes_up"]))
+        w.writerow(row)
+    files.write_atomic(path, f.getvalue().encode())
 
 
 def _mean(vals: list[float]) -> float:

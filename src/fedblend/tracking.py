@@ -8,12 +8,12 @@ a finished run's ``metrics.jsonl``. Point TensorBoard at the folder: ``tensorboa
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from fedblend.common.errors import ConfigError
+from fedblend.common.errors import ConfigError, UserFileError
+from fedblend.common.jsonio import read_jsonl
 
 TB_DIR = "tensorboard"
 
@@ -49,7 +49,7 @@ class TensorBoardLog:
         self.writer = _summary_writer()(log_dir=str(log_dir))
 
     def __call__(self, m: dict) -> None:
-        if "round" not in m or m.get("stopped"):
+        if not isinstance(m.get("round"), int) or m.get("stopped"):
             return
         for k, v in scalar_row(m).items():
             self.writer.add_scalar(k, v, global_step=int(m["round"]))
@@ -69,14 +69,15 @@ def export_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> Pa
     """Write a run's ``metrics.jsonl`` as TensorBoard event files (default ``RUN_DIR/tensorboard``)."""
     run = Path(run_dir)
     path = run / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{run}: no metrics.jsonl (not a run directory)")
+    if not path.is_file():
+        raise UserFileError(f"{run}: no metrics.jsonl (not a run directory); give the directory of a run")
+    rows = read_jsonl(path, f"continue the run (fedblend run {run / 'config.toml'} --out {run} --resume rewrites "
+                            f"metrics.jsonl from its checkpoint), or delete the damaged line")
     target = Path(out) if out else run / TB_DIR
     log = TensorBoardLog(target)
     try:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                log(json.loads(line))
+        for row in rows:
+            log(row)
     finally:
         log.close()
     return target

@@ -34,12 +34,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from fedblend.algorithms.registry import register_method
 from fedblend.algorithms.rl import ddpg, embedding
+from fedblend.common.errors import CheckpointError, UserFileError
 from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, layer_of, weighted_average
 from fedblend.core.evaluation import evaluate_params
@@ -182,16 +183,62 @@ def save_agent(server: State, path: str | Path) -> Path:
     return path
 
 
+class AgentFileError(UserFileError):
+    """An agent file (``options.agent``) that cannot serve this run: names the file, what differs and the fix."""
+
+
+class AgentFileMissingError(AgentFileError, FileNotFoundError):
+    pass
+
+
+AGENT_FIX = "make one with `fedblend pretrain` for the same model, clients per round and embedding options"
+
+
 def load_agent(path: str | Path) -> dict:
     from fedblend.core.checkpoint import load_checkpoint
 
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
-    data = load_checkpoint(path)
-    if data.get("format") != AGENT_FORMAT:
-        raise ValueError(f"{path} is not a pFedRLLA agent file (format {data.get('format')!r})")
+    if not path.is_file():
+        raise AgentFileMissingError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
+    try:
+        data = load_checkpoint(path)
+    except CheckpointError as exc:
+        raise AgentFileError(f"options.agent = {str(path)!r} is not a readable agent file ({exc.__cause__ or exc}); "
+                             f"{AGENT_FIX}") from exc
+    if not isinstance(data, dict) or data.get("format") != AGENT_FORMAT:
+        fmt = data.get("format") if isinstance(data, dict) else None
+        raise AgentFileError(f"options.agent = {str(path)!r} is not a pFedRLLA agent file (format {fmt!r}, expected "
+                             f"{AGENT_FORMAT!r}); {AGENT_FIX}")
+    for key in ("embed", "agent"):
+        if not isinstance(data.get(key), dict):
+            raise AgentFileError(f"options.agent = {str(path)!r} has no {key!r} network; {AGENT_FIX}")
     return data
+
+
+def shape_mismatch(want: Any, got: Any, path: str = "", free: tuple[str, ...] = ()) -> str | None:
+    """Where ``got`` differs from ``want`` in structure (keys, list lengths, types) or tensor shape, as text; the
+    first dimension of tensors whose path starts with one of ``free`` may differ (a replay buffer's length)."""
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"{path}: a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+        w, g = tuple(want.shape), tuple(got.shape)
+        if path.startswith(free) and len(w) == len(g) and w[1:] == g[1:]:
+            return None
+        return None if w == g else f"{path}: shape {g}, expected {w}"
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(want) != set(got):
+            keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
+            return f"{path or 'the file'}: holds {keys}, expected {sorted(map(str, want))}"
+        return next((m for k in want if (m := shape_mismatch(want[k], got[k], f"{path}.{k}" if path else k, free))),
+                    None)
+    if isinstance(want, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(want) != len(got):
+            return f"{path}: {len(got) if isinstance(got, (list, tuple)) else type(got).__name__} entries, expected {len(want)}"
+        return next((m for i, (a, b) in enumerate(zip(want, got)) if (m := shape_mismatch(a, b, f"{path}[{i}]", free))),
+                    None)
+    if isinstance(want, (int, float)) and not isinstance(want, bool):
+        return None if isinstance(got, (int, float)) and not isinstance(got, bool) else f"{path}: {got!r}, expected a number"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ the method
@@ -228,13 +275,41 @@ class PFedRLLA(Method):
             emb = data["embed"]
             mine = embedding.signature({"kind": self.opts.embedding, "dim": self.opts.emb_dim,
                                         "factor": self.opts.factor, "shapes": shapes})
-            if embedding.signature(emb) != mine:
-                raise ValueError(
+            try:
+                theirs = embedding.signature(emb)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise AgentFileError(f"options.agent = {self.opts.agent!r}: its embedding network has no valid "
+                                     f"description ({type(exc).__name__}: {exc}); {AGENT_FIX}") from exc
+            if theirs != mine:
+                raise AgentFileError(
                     f"options.agent = {self.opts.agent!r}: its embedding network (kind, dim, factor, head layer "
-                    f"matrices) is {embedding.signature(emb)}, this run needs {mine} (a different model, head "
+                    f"matrices) is {theirs}, this run needs {mine} (a different model, head "
                     "layers or embedding options); pre-train with the same model and options")
+            self.check_agent_file(data, shapes)
             return {**server, "embed": emb, "agent": data["agent"], "pretrained": True}
         return {**server, "embed": embedding.init_embedder(shapes, sctx.tree.torch("embedder-init"), self.opts.embed)}
+
+    def check_agent_file(self, data: dict, shapes: list) -> None:
+        """Every tensor of a loaded agent file has the shape this run's networks have (the embedding network for
+        the run's head layers, the DDPG agent for the state and action sizes the file declares), so a damaged or
+        foreign file fails here, naming the tensor, instead of inside torch in round 1."""
+        gen = torch.Generator().manual_seed(0)
+        where = f"options.agent = {self.opts.agent!r}"
+        wrong = shape_mismatch(embedding.init_embedder(shapes, gen, self.opts.embed), data["embed"])
+        agent = data["agent"]
+        if wrong is None:
+            try:
+                obs_dim, act_dim = int(agent["obs_dim"]), int(agent["act_dim"])
+            except (KeyError, TypeError, ValueError):
+                wrong = "obs_dim / act_dim: missing"
+            else:
+                if obs_dim < 1 or act_dim < 1:
+                    wrong = f"obs_dim {obs_dim}, act_dim {act_dim}: must be >= 1"
+                else:
+                    ref = ddpg.init_agent(obs_dim, act_dim, gen, self.opts)
+                    wrong = shape_mismatch(ref, agent, "agent", free=("agent.buffer",))
+        if wrong is not None:
+            raise AgentFileError(f"{where} does not fit this run: {wrong}; {AGENT_FIX}")
 
     def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
         if phase == "upload":
@@ -292,7 +367,7 @@ class PFedRLLA(Method):
             agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts)
         elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
             src = f"the pre-trained agent {self.opts.agent!r}" if server["pretrained"] else "the agent"
-            raise ValueError(
+            raise (AgentFileError if server["pretrained"] else ValueError)(
                 f"{src} takes {int(agent['act_dim']) - 1} previous participants + 1 (state {int(agent['obs_dim'])}), "
                 f"but round {t} has |K'| = {n_prev} (state {obs_dim}); pFedRLLA needs the same number of clients every "
                 "round (sampling.scheme = 'fixed') and the same join ratio, clients and embedding size as the "

@@ -14,9 +14,11 @@
 * ``fedblend deploy CONFIG.toml --nodes N --out DIR``  (the run on a loopback Flower SuperLink + N SuperNodes)
 
 Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
-input (config, flags, usage, an existing run without --resume / --force, a refused resume), 1 for faults
-(missing or corrupt data, checkpoint, disk, a run stopped by a non-finite update), 130 for Ctrl-C (the line
-says how to resume). ``--debug`` shows the traceback instead.
+input (config, flags, usage, an existing run without --resume / --force, a refused resume, a user's file that
+cannot be used: a partition, a PFLlib folder, an agent file, a run's metrics or summary), 1 for faults (missing
+or corrupt data, checkpoint, a full disk, a client worker that died, a run that diverged), 130 for Ctrl-C (the
+line says how to resume). The line names the file or resource and what to do. ``--debug`` shows the traceback
+instead.
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ from pathlib import Path
 import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
-from fedblend.common.errors import ConfigError, FedblendError, ResumeMismatchError, RunExistsError, RunInterrupted
+from fedblend.common.errors import (
+    ConfigError,
+    FedblendError,
+    ResumeMismatchError,
+    RunExistsError,
+    RunInterrupted,
+    UserFileError,
+)
 
-INPUT_ERRORS = (ConfigError, RunExistsError, ResumeMismatchError)  # exit 2; other expected failures exit 1
+# exit 2; other expected failures exit 1
+INPUT_ERRORS = (ConfigError, RunExistsError, ResumeMismatchError, UserFileError)
 
 
 class UsageError(ConfigError):
@@ -160,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedblend: error: {_one_line(exc)}", file=sys.stderr)
         return 130 if isinstance(exc, RunInterrupted) else 2 if isinstance(exc, INPUT_ERRORS) else 1
+    except RuntimeError as exc:  # torch reports a failed file write / read (a full disk) as a RuntimeError
+        if debug or not _torch_io_error(exc):
+            raise
+        print(f"fedblend: error: a file could not be written or read ({_one_line(exc)}); the disk may be full: free "
+              f"space, then run again (a run continues from its last checkpoint with --resume)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # outside a run (loading data, building a partition)
         if debug:
             raise
@@ -181,7 +197,18 @@ def _raise_interrupt(signum, frame):
 
 def _one_line(exc: BaseException) -> str:
     text = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
+    if isinstance(exc, OSError) and not isinstance(exc, FedblendError):
+        from fedblend.common.files import hint
+
+        text += f" ({hint(exc.errno)})" if hint(exc.errno) else ""
     return " ".join(text.split()) or type(exc).__name__
+
+
+def _torch_io_error(exc: RuntimeError) -> bool:
+    """Whether a RuntimeError is torch's report of a failed file write or read (its errno is lost)."""
+    text = str(exc)
+    return any(s in text for s in ("PytorchStreamWriter", "PytorchStreamReader", "file write failed",
+                                   "inline_container", "unexpected pos"))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

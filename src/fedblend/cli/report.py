@@ -19,7 +19,6 @@ side) and ``global_accuracy.png`` where a global model exists.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -27,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from fedblend.common.errors import ConfigError
-from fedblend.common.jsonio import dumps
+from fedblend.common.errors import ConfigError, UserFileError
+from fedblend.common.jsonio import dumps, read_json_object, read_jsonl
 from fedblend.config import config_hash
 
 MARKERS = ("summary.json", "metrics.jsonl")  # a directory holding either is a run (finished or not)
@@ -47,31 +46,60 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         elif p.is_dir():
             runs += sorted({q.parent for m in MARKERS for q in p.rglob(m)})
         else:
-            raise FileNotFoundError(f"{p}: not a run directory (no summary.json or metrics.jsonl) nor a folder "
-                                    f"of runs")
+            raise UserFileError(f"{p}: not a run directory (no summary.json or metrics.jsonl) nor a folder of runs")
     return runs
+
+
+SUMMARY_KEYS = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
+
+
+def read_summary(run: Path) -> dict[str, Any]:
+    """A run's ``summary.json`` ({} when there is none); :class:`UserFileError` names the file and the fix when it
+    is not JSON, or is a finished run's summary without the numbers the table needs."""
+    path = run / "summary.json"
+    if not path.exists():
+        return {}
+    fix = (f"summary.json is written by fedblend at the end of a run: run it again ({run}/config.toml with --force), "
+           f"or leave {run} out of the report")
+    s = read_json_object(path, fix)
+    if s.get("status", "finished") == "finished":
+        missing = [k for k in SUMMARY_KEYS if k not in s]
+        if missing:
+            raise UserFileError(f"{path} has no {missing[0]!r} (not a fedblend summary); {fix}")
+    return s
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """A run's ``metrics.jsonl`` rows ([] when there is none); a last line being written right now is left out,
+    any other damaged line is a :class:`UserFileError` naming the file, the line and the fix."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return read_jsonl(path, f"continue the run (fedblend run {run}/config.toml --out {run} --resume rewrites "
+                            f"metrics.jsonl from its checkpoint), delete the line, or leave {run} out of the report",
+                      partial_last=True)
 
 
 def group_key(summary: dict) -> tuple[str, str]:
     """(label, hash of the resolved config without its seed): the seeds of one config share it."""
-    cfg = (summary.get("run") or {}).get("config")
-    if cfg is None:
+    run = summary.get("run")
+    cfg = run.get("config") if isinstance(run, dict) else None
+    if not isinstance(cfg, dict):
         return summary.get("label", summary.get("method", "?")), "-"
     return summary.get("label", summary["method"]), config_hash({k: v for k, v in cfg.items() if k != "seed"})
 
 
 def last_round(run: Path) -> int:
     """The last round recorded in a run's ``metrics.jsonl`` (0 when none)."""
-    path = run / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return max((r.get("round", 0) for r in rows if "stopped" not in r), default=0)
+    rows = read_metrics(run)
+    return max((r["round"] for r in rows if "stopped" not in r and isinstance(r.get("round"), int)), default=0)
 
 
 def unfinished(runs: list[Path]) -> list[dict[str, Any]]:
     """Runs without a finished summary: their directory, status and last recorded round."""
     out = []
     for r in runs:
-        s = json.loads((r / "summary.json").read_text()) if (r / "summary.json").exists() else {}
+        s = read_summary(r)
         if s.get("status", "finished") != "finished" or not s:
             out.append({"dir": str(r), "status": s.get("status", "unfinished"), "last_round": last_round(r),
                         "reason": s.get("stop_reason", "")})
@@ -90,10 +118,8 @@ def aggregate(runs: list[Path]) -> list[dict[str, Any]]:
     """One row per (label, config hash) over the finished runs (mean ± std over seeds)."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in runs:
-        if not (r / "summary.json").exists():
-            continue
-        s = json.loads((r / "summary.json").read_text())
-        if s.get("status", "finished") != "finished":
+        s = read_summary(r)
+        if not s or s.get("status", "finished") != "finished":
             continue
         s["_dir"] = str(r)
         groups[group_key(s)].append(s)
@@ -238,8 +264,8 @@ def _curves(row: dict, key: str) -> tuple[list[int], np.ndarray] | None:
     """Rounds every seed of ``row`` recorded ``key`` at, and the values (seeds x rounds)."""
     curves = []
     for d in row["dirs"]:
-        ms = [json.loads(line) for line in Path(d, "metrics.jsonl").read_text().splitlines() if line.strip()]
-        curves.append({m["round"]: m[key] for m in ms if m.get(key) is not None})
+        ms = read_metrics(Path(d))
+        curves.append({m["round"]: m[key] for m in ms if isinstance(m.get(key), (int, float)) and "round" in m})
     if not any(curves):
         return None
     rounds = sorted(set.intersection(*(set(c) for c in curves)))

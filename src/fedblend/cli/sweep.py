@@ -131,11 +131,12 @@ def _decide(run: SweepRun, want_hash: str) -> None:
     summary = run.out / "summary.json"
     if summary.exists():
         try:
-            have = json.loads(summary.read_text()).get("config_hash")
-        except (OSError, ValueError):
-            have = None
-        if have == want_hash:
-            run.action, run.why = "skip", "finished"
+            data = json.loads(summary.read_text())
+            have, status = data.get("config_hash"), data.get("status", "finished")
+        except (OSError, ValueError, AttributeError):
+            have, status = None, None
+        if have == want_hash:  # a diverged run is not run again either: same config, same seed, same result
+            run.action, run.why = "skip", "finished" if status == "finished" else f"{status}, see its summary.json"
         else:
             run.action, run.why = "refuse", (f"{run.out} holds a finished run of another config (hash {have}, this "
                                              f"one {want_hash}); delete it or use another --out")
@@ -163,7 +164,8 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
     todo = [r for r in runs if r.action in ("start", "resume", "restart")]
     for r in runs:
         if r.action == "skip":
-            echo(f"[done] {r.name} seed {r.seed} (finished earlier, skipped)")
+            echo(f"[done] {r.name} seed {r.seed} ({r.why} earlier, skipped)" if r.why == "finished" else
+                 f"[done] {r.name} seed {r.seed} ({r.why}; skipped)")
         elif r.action == "refuse":
             echo(f"[REFUSED] {r.name} seed {r.seed}: {r.why}")
     echo(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} done or refused, {len(todo)} to run, {jobs} at a time")

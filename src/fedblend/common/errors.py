@@ -32,16 +32,41 @@ class CheckpointMissingError(CheckpointError, FileNotFoundError):
     """``--resume`` where no checkpoint was written."""
 
 
+class CheckpointMismatchError(ResumeMismatchError):
+    """``--resume`` refused because the files of a checkpoint do not belong together: a client-state file of its
+    snapshot missing, extra or changed, ``partition.json`` changed since it was written, or a config record whose
+    hash does not match. Resuming would not continue the same run, so it is refused (exit 2)."""
+
+
+class UserFileError(FedblendError, ValueError):
+    """A file the user gave (a partition, a PFLlib folder, an agent file, a run's metrics or summary) that cannot
+    be used as it is: the message names the file, what is wrong and the fix (exit 2, as bad input)."""
+
+
+class WorkerError(FedblendError):
+    """A client worker process died (killed, out of memory) or could not start; names the worker and why."""
+
+
 class DataError(FedblendError):
     """A dataset file that exists but cannot be read (truncated, wrong format, no permission)."""
 
 
-class NonFiniteError(FedblendError):
+class DivergedError(FedblendError):
+    """The run diverged: NaN / inf in a state, a model or a loss, every update of a round skipped, or a training
+    loss past the divergence bound (``divergence_factor``); names the round and the reason. A diverged run is
+    never a result: its summary says ``"status": "diverged"`` and the command exits 1."""
+
+    def __init__(self, message: str, round: int, reason: str | None = None):
+        super().__init__(message)
+        self.round, self.reason = round, reason or message
+
+
+class NonFiniteError(DivergedError):
     """A client update with NaN or inf under ``on_nonfinite = "stop"``; names the round, client and tensor."""
 
     def __init__(self, message: str, round: int, client: int, tensor: str):
-        super().__init__(message)
-        self.round, self.client, self.tensor = round, client, tensor
+        super().__init__(message, round)
+        self.client, self.tensor = client, tensor
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -1,11 +1,16 @@
 """Strict JSON for every results file: non-finite numbers are written as ``null``, never as bare ``NaN`` or
-``Infinity`` (which strict JSON readers reject), and a non-finite number that slips through is an error."""
+``Infinity`` (which strict JSON readers reject), and a non-finite number that slips through is an error.
+Reading a JSON file a user hands over (a partition, a run's summary or metrics) fails with one line naming the
+file, the place and the fix (:func:`read_json_object`, :func:`read_jsonl`)."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
+
+from fedblend.common.errors import UserFileError
 
 
 def finite_or_none(obj: Any) -> Any:
@@ -22,3 +27,54 @@ def finite_or_none(obj: Any) -> Any:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` of ``obj`` with non-finite numbers as null (``allow_nan=False`` guards the rest)."""
     return json.dumps(finite_or_none(obj), allow_nan=False, **kwargs)
+
+
+def read_json_object(path: str | Path, fix: str) -> dict[str, Any]:
+    """The JSON object in file ``path``; :class:`UserFileError` naming the file, what is wrong (unreadable, not
+    JSON -- with line and column --, not an object) and ``fix`` (what the user can do)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise UserFileError(f"{path} is not a text (JSON) file ({exc.reason}); {fix}") from exc
+    except OSError as exc:
+        raise UserFileError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        what = "is empty" if not text.strip() else f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        raise UserFileError(f"{path} {what}; {fix}") from exc
+    if not isinstance(data, dict):
+        raise UserFileError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
+
+
+def read_jsonl(path: str | Path, fix: str, partial_last: bool = False) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (``metrics.jsonl``); blank lines skipped. ``partial_last``: a last
+    line that is cut off (no newline at its end, not JSON: a run writing it right now) is left out instead of
+    being an error. :class:`UserFileError` names the file, the line and ``fix``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise UserFileError(f"{path} is not a text (JSON lines) file ({exc.reason}); {fix}") from exc
+    except OSError as exc:
+        raise UserFileError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from exc
+    lines = text.split("\n")
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            last = i == len(lines)  # no newline after it
+            if last and partial_last:
+                break
+            cut = " (cut off: was the run killed while writing it?)" if last else ""
+            raise UserFileError(f"line {i} of {path} is not valid JSON{cut}: {exc.msg} at column {exc.colno}; "
+                                f"{fix}") from exc
+        if not isinstance(row, dict):
+            raise UserFileError(f"line {i} of {path} holds a JSON {type(row).__name__}, not an object; {fix}")
+        rows.append(row)
+    return rows

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import signal
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
+from fedblend.common.errors import WorkerError
 from fedblend.common.rng import SeedTree
 from fedblend.core.client import ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
@@ -123,16 +125,19 @@ class ProcessBackend:
             self.conns.append(parent)
             # the setup goes only to a worker that is listening (a worker that dies first is an error, not a hang);
             # its clients' tensors are serialised once, without intermediate copies, and released when sent
-            if self._receive(w) != b"hello":
-                raise RuntimeError(f"client worker {w} did not start")
+            if self._receive(w, starting=True) != b"hello":
+                raise WorkerError(f"client worker {w} did not start (an unexpected first message)")
             own = {cid: encode(vars(d), as_numpy=True) for cid, d in data.items() if cid % self.workers == w}
             blob = pickle.dumps((method, run, own, tree, threads), protocol=pickle.HIGHEST_PROTOCOL)
             del own
-            parent.send_bytes(blob)
+            try:
+                parent.send_bytes(blob)
+            except OSError:
+                self._died(w, starting=True)
             del blob
         for w in range(self.workers):
-            if self._receive(w) != b"ready":
-                raise RuntimeError(f"client worker {w} did not start")
+            if self._receive(w, starting=True) != b"ready":
+                raise WorkerError(f"client worker {w} did not start (an unexpected message)")
 
     def run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
         per: list[list[int]] = [[] for _ in range(self.workers)]
@@ -140,7 +145,10 @@ class ProcessBackend:
             per[job.cid % self.workers].append(i)
         for w, idx in enumerate(per):
             if idx:
-                self.conns[w].send_bytes(pickle.dumps([_pack_job(jobs[i]) for i in idx]))
+                try:
+                    self.conns[w].send_bytes(pickle.dumps([_pack_job(jobs[i]) for i in idx]))
+                except OSError:  # the worker is gone (a broken pipe)
+                    self._died(w)
         out: list[ClientResult | None] = [None] * len(jobs)
         errors = []
         for w, idx in enumerate(per):
@@ -158,20 +166,46 @@ class ProcessBackend:
             raise RuntimeError("a client failed in a worker process:\n" + "\n".join(errors))
         return out  # type: ignore[return-value]
 
-    def _receive(self, w: int) -> bytes:
+    def _receive(self, w: int, starting: bool = False) -> bytes:
         """Worker ``w``'s answer; a worker that died (killed, out of memory, or a script without an
         ``if __name__ == "__main__":`` guard, which spawned workers re-run) is an error, never a hang."""
         conn, proc = self.conns[w], self.procs[w]
-        hint = (f"client worker {w} exited (code {{}}). Worker processes are spawned: a script that uses backend "
-                "'processes' must run its code under `if __name__ == \"__main__\":`")
         while not conn.poll(1.0):
             if not proc.is_alive():
-                raise RuntimeError(hint.format(proc.exitcode))
+                self._died(w, starting)
         try:
             return conn.recv_bytes()
-        except EOFError as exc:
-            proc.join(timeout=5)
-            raise RuntimeError(hint.format(proc.exitcode)) from exc
+        except (EOFError, OSError):
+            self._died(w, starting)
+
+    def _died(self, w: int, starting: bool = False):
+        """Raise the :class:`WorkerError` of worker ``w``, which is gone: how it ended (its exit code, or the
+        signal that killed it) and what to do. The ``__main__`` hint only where it can be the cause: a worker that
+        exits with an error while starting (spawned workers re-run the parent's script)."""
+        proc = self.procs[w]
+        proc.join(timeout=5)
+        code = proc.exitcode
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by {name}" + (" (out of memory, or killed by a user or a scheduler)"
+                                             if -code == signal.SIGKILL else "")
+        else:
+            how = f"exited with code {code}"
+        if starting and code is not None and code > 0:
+            fix = ("worker processes are spawned: a script that uses backend 'processes' must run its code under "
+                   "`if __name__ == \"__main__\":`; or use backend = 'sequential'")
+        elif starting:
+            fix = "run again, or use backend = 'sequential'"
+        else:
+            fix = ("the run stopped; continue it from its last checkpoint with --resume (backend = 'sequential' "
+                   "runs without worker processes)")
+        raise WorkerError(f"client worker {w} (pid {proc.pid}) {how} {'while starting' if starting else 'during the run'}"
+                          f"; {fix}")
 
     def close(self) -> None:
         for conn in self.conns:

@@ -2,14 +2,16 @@
 
 The state is flattened by the one state codec (:mod:`fedblend.common.codec`) into named arrays and written with
 ``torch.save``; loading uses ``weights_only=True`` (no code can run from a checkpoint file). Written atomically
-(temporary file then rename), so a run killed while saving keeps the previous checkpoint. Because every random
-stream is derived from (seed, round, client), resuming needs no RNG state and gives results identical to an
-uninterrupted run.
+(:func:`fedblend.common.files.write_atomic`: temporary file, fsync, rename), so a run killed while saving, or a
+disk that fills, keeps the previous checkpoint and leaves no temporary file. ``checkpoint.pt`` is the one pointer
+of a checkpoint: what else belongs to it (a disk store's client snapshot, ``partition.json``) is named in it with
+content hashes, and ``--resume`` refuses files that do not match (:mod:`fedblend.core.state`,
+:func:`fedblend.experiment.check_resume`). Because every random stream is derived from (seed, round, client),
+resuming needs no RNG state and gives results identical to an uninterrupted run.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +19,13 @@ import torch
 
 from fedblend.common.codec import TREE, decode, encode
 from fedblend.common.errors import CheckpointError, CheckpointMissingError
+from fedblend.common.files import save_tensors
 
 FILENAME = "checkpoint.pt"
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    torch.save(encode(payload), tmp)
-    os.replace(tmp, path)
+    save_tensors(encode(payload), path)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -7,7 +7,8 @@ Per round ``t`` (0-based internally, reported 1-based):
    ``configure``s a message per joining client, the backend runs the client halves on them (each with its own
    state, initialised on the client at first contact), the new client states are stored and the server half
    ``aggregate``s the replies;
-   Before aggregation every tensor of every reply is checked: a reply with NaN / inf stops the run
+   Before aggregation every tensor of every reply *and of the client's new state* (what it keeps and never
+   uploads, e.g. Ditto's personalized model) is checked: NaN / inf stops the run
    (:class:`~fedblend.common.errors.NonFiniteError`, ``on_nonfinite = "stop"``) or is dropped with the client's
    new state and stats (``"skip"``: the aggregate is over the other clients; ``nonfinite_clients`` in metrics);
    a client with no result (``None`` from a backend that tolerates faults, e.g. Flower's: node down, timeout,
@@ -18,13 +19,25 @@ Per round ``t`` (0-based internally, reported 1-based):
    ``eval.select = "val"`` also on its validation split, as ``val_*`` metrics);
 4. record metrics (accuracy, loss, bytes down/up per client, seconds) and checkpoint every ``k`` rounds.
 
+**Divergence is never a result.** After each round the engine checks for divergence (:meth:`Simulation.diverging`):
+NaN / inf in the server state after aggregation, in a training client's reported losses (``train_loss``,
+``personal_loss``, ...) or in an evaluation loss (a personalized or global model that is NaN), every reply of a
+phase skipped as non-finite, or a finite explosion of a loss: a client training loss or an evaluation loss above
+``divergence_factor x max(ln C, L1)`` (``C`` classes, ``L1`` that loss's first recorded value in the run; until
+there is one, ``divergence_factor x ln C``). The round's metrics then carry ``"diverged": reason``;
+``on_divergence = "stop"`` raises :class:`~fedblend.common.errors.DivergedError` after the round, ``"warn"`` warns
+once and goes on (the run is still reported as diverged at its end, :mod:`fedblend.experiment`). NaN / inf in a
+client's reply or new state is caught earlier, before aggregation (``on_nonfinite``).
+
 The engine holds the server state and the client-state store; only messages and each client's own state reach
 a client half, so the same method runs unchanged in worker processes or on Flower nodes.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,20 +46,24 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
-from fedblend.common.errors import NonFiniteError
+from fedblend.common.errors import DivergedError, NonFiniteError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.evaluation import EvalProtocol, summarise
-from fedblend.core.message import Message, first_nonfinite
+from fedblend.core.message import Message, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
-from fedblend.core.state import ClientStore
+from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData
 from fedblend.models.zoo import build_model, model_params
 
+EVAL_LOSSES = ("loss", "global_loss", "val_loss", "val_global_loss")  # held to the divergence bound
+LOSS_NAMES = {"loss": "the personalized models' test loss", "global_loss": "the global model's test loss",
+              "val_loss": "the personalized models' validation loss",
+              "val_global_loss": "the global model's validation loss"}
 EVAL_CHUNK = 64  # evaluation messages built and run per batch of clients (bounds memory with many clients)
 
 
@@ -66,17 +83,23 @@ class Simulation:
     next_round: int = 0
     backend: Any = field(default_factory=SequentialBackend)
     on_nonfinite: str = "stop"  # a reply with NaN / inf: "stop" the run or "skip" (drop) that client's update
+    on_divergence: str = "stop"  # the run diverged (see the module docstring): "stop" it, or "warn" and go on
+    divergence_factor: float = 100.0  # the finite loss-explosion bound, x max(ln C, first train_loss)
+    diverged: dict | None = None  # the first divergence seen: {"round", "reason"}
     # progress only, never results: on_client("train" | "evaluate", jobs to come) as a round's client work or an
     # evaluation starts, then on_client("done", cid) as each client job finishes
     on_client: Callable[[str, int], None] | None = None
     _started: bool = False
+    _alarms: list = field(default_factory=list)  # this round's divergence findings
+    _loss_keys: list = field(default_factory=list)  # this round's client training losses (train_loss, ...)
 
     # ------------------------------------------------------------------------------------------- setup
     @classmethod
     def create(cls, method: Method, fed: FederatedData, model_name: str, train: TrainConfig, rounds: int,
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
                backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop",
-               store: ClientStore | None = None) -> Simulation:
+               store: ClientStore | None = None, on_divergence: str = "stop",
+               divergence_factor: float = 100.0) -> Simulation:
         tree = SeedTree(seed)
         model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
         model.requires_grad_(False)
@@ -84,7 +107,8 @@ class Simulation:
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch
         sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {},
-                  store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite)
+                  store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite,
+                  on_divergence=on_divergence, divergence_factor=divergence_factor)
         sim.server = method.init_server(sim.sctx(0))
         return sim
 
@@ -143,6 +167,7 @@ class Simulation:
         up = dict.fromkeys(selected, 0)
         skipped: list[int] = []
         dropped: list[int] = []  # no reply (a backend that tolerates faults returns None for them)
+        self._alarms = []
 
         def exchange(phase: str, cids: list[int]) -> dict[int, Message]:
             msgs = {cid: self.method.configure(phase, self.server, cid, sctx) for cid in cids}
@@ -157,8 +182,10 @@ class Simulation:
                     dropped.append(cid)
                     continue
                 up[cid] += res.reply.num_bytes
-                if self._nonfinite(res.reply, cid, phase, t):
+                answered[phase] = answered.get(phase, 0) + 1
+                if self._nonfinite(res, cid, phase, t):
                     skipped.append(cid)
+                    refused[phase] = refused.get(phase, 0) + 1
                     continue
                 self.store.put(cid, res.state)
                 stats[cid].update(res.stats)
@@ -169,16 +196,43 @@ class Simulation:
             if replies:  # every reply skipped as non-finite: the server keeps its state
                 self.server = self.method.aggregate(phase, self.server, replies, sctx)
 
+        answered: dict[str, int] = {}  # replies received per phase
+        refused: dict[str, int] = {}  # of them skipped as non-finite
+
         phases = self.method.phases(sctx)
         if self.on_client is not None:
             self.on_client("train", len(selected) * len(phases))
+        active = list(selected)  # a later phase goes to the clients whose reply the phase before accepted
         for phase in phases:
+            accepted: list[int] = []
             if self.method.sequential_server:
-                for cid in selected:
-                    aggregate(phase, exchange(phase, [cid]))
+                for cid in active:
+                    replies = exchange(phase, [cid])
+                    aggregate(phase, replies)
+                    accepted += list(replies)
             else:
-                aggregate(phase, exchange(phase, selected))
+                replies = exchange(phase, active)
+                aggregate(phase, replies)
+                accepted = list(replies)
+            where = first_nonfinite_value(self.server)  # once per phase (a sequential server aggregates per client)
+            if where is not None:
+                self._alarms.append(f"the server state has NaN or inf values after aggregating the {phase} phase "
+                                    f"(in {where})")
+                break
+            if answered.get(phase) and refused.get(phase) == answered[phase]:
+                self._alarms.append(f"every {phase} update of the round ({answered[phase]}) was skipped as "
+                                    f"non-finite (on_nonfinite = 'skip'): nothing was aggregated")
+                break  # the round's later phases have nothing to build on
+            active = [c for c in active if c in set(accepted)]
+            if not active:
+                break
         train_seconds = time.perf_counter() - t0
+        self._loss_keys = sorted({k for c in selected for k in stats[c] if k.endswith("_loss")} | {"train_loss"})
+        for c in selected:
+            bad = [k for k in self._loss_keys if isinstance(stats[c].get(k), float) and not math.isfinite(stats[c][k])]
+            if bad and self.fed.clients[c].num_train > 0:
+                self._alarms.append(f"client {c}'s {bad[0]} is {stats[c][bad[0]]}")
+                break
         metrics: dict[str, Any] = {
             "round": t + 1,
             "selected": selected,
@@ -208,16 +262,68 @@ class Simulation:
             metrics.update(self.backend.report())
         self.history.append(metrics)
         self.next_round = t + 1
+        self.diverging(metrics)
         return metrics
 
-    def _nonfinite(self, reply: Message, cid: int, phase: str, t: int) -> bool:
-        """Whether client ``cid``'s reply holds NaN / inf and is to be skipped; raises under ``"stop"``."""
+    # ------------------------------------------------------------------------------------------- divergence
+    def loss_bound(self, key: str, rnd: int) -> float:
+        """The value of loss ``key`` (a metrics column) above which round ``rnd`` (1-based) counts as diverged:
+        ``divergence_factor x max(ln C, L1)``, ``L1`` the first finite value of ``key`` recorded before round
+        ``rnd`` (none yet: ``ln C``, the cross-entropy of a uniform guess over the ``C`` classes)."""
+        ref = math.log(max(2, int(self.fed.info.get("num_classes", 2))))
+        first = next((m[key] for m in self.history if m["round"] < rnd
+                      and isinstance(m.get(key), float) and math.isfinite(m[key])), None)
+        return self.divergence_factor * max(ref, first if first is not None else ref)
+
+    def diverging(self, metrics: dict) -> str | None:
+        """Check the round just recorded (``metrics``, with this round's findings) for divergence; on one, mark
+        the row ``"diverged"`` and stop (``on_divergence = "stop"``: :class:`DivergedError`) or warn once
+        (``"warn"``). Returns the reason, or None.
+
+        The losses held to the bound (:meth:`loss_bound`): the clients' training losses (``train_loss`` and every
+        other ``*_loss`` clients report, e.g. Ditto's ``personal_loss``) and the evaluation losses (``loss``,
+        ``global_loss`` and their ``val_`` twins); not the server's own (an agent's or autoencoder's)."""
+        alarms = list(self._alarms)
+        for key in [*self._loss_keys, *EVAL_LOSSES]:
+            loss = metrics.get(key)
+            if isinstance(loss, float) and math.isfinite(loss) and loss > self.loss_bound(key, metrics["round"]):
+                what = LOSS_NAMES.get(key, f"the clients' mean {key}")
+                alarms.append(f"{what} {loss:.4g} exceeds the divergence bound "
+                              f"{self.loss_bound(key, metrics['round']):.4g} (divergence_factor "
+                              f"{self.divergence_factor:g} x max(ln classes, its first value))")
+                break
+        self._alarms = []
+        if not alarms:
+            return None
+        reason = "; ".join(alarms)
+        metrics["diverged"] = reason
+        rnd = metrics["round"]
+        first = self.diverged is None
+        if first:
+            self.diverged = {"round": rnd, "reason": reason}
+        fix = ("lower train.lr or the method's step sizes / regularisation weights, check the data; "
+               "divergence_factor sets the loss bound, on_divergence = 'warn' lets such a run go on")
+        if self.on_divergence == "stop":
+            raise DivergedError(f"round {rnd}: the run diverged: {reason}. It stopped (on_divergence = 'stop'): "
+                                f"{fix}", rnd, reason)
+        if first:
+            warnings.warn(f"round {rnd}: the run diverged: {reason}; it goes on (on_divergence = 'warn') but will "
+                          f"be reported as diverged", RuntimeWarning, stacklevel=2)
+        return reason
+
+    def _nonfinite(self, res: ClientResult, cid: int, phase: str, t: int) -> bool:
+        """Whether client ``cid``'s reply or new state holds NaN / inf and is to be skipped; raises under
+        ``"stop"``."""
+        reply = res.reply
         where = first_nonfinite(reply.arrays)
+        what = "update"
+        if where is None:
+            where, what = first_nonfinite_value(res.state), "state (kept on the client)"
         if where is None:
             return False
         if self.on_nonfinite == "stop":
             raise NonFiniteError(
-                f"round {t + 1}: client {cid}'s {phase} update has NaN or inf values (in {where}); the run stopped "
+                f"round {t + 1}: client {cid}'s {phase} {what} has NaN or inf values (in {where}); the run stopped "
                 f"before aggregating it (on_nonfinite = 'stop'). Lower train.lr, check the client's data, or set "
                 f"on_nonfinite = 'skip' to drop such updates", t + 1, cid, where)
         return True
@@ -230,6 +336,7 @@ class Simulation:
         config = {"split": split or self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
         missing = 0
+        bad: dict[str, list[int]] = {}  # clients whose model's evaluation loss is NaN / inf, per model
         cids = self.eval_clients(t)
         if self.on_client is not None:
             self.on_client("evaluate", len(cids))
@@ -239,7 +346,7 @@ class Simulation:
                 msg = self.method.configure_evaluate(self.server, cid, sctx)
                 msg.config.update(config)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))
-            for res in self._run_jobs(jobs):
+            for job, res in zip(jobs, self._run_jobs(jobs)):
                 if res is None:  # a client that did not answer is left out of the pooled accuracy
                     missing += 1
                     continue
@@ -247,6 +354,12 @@ class Simulation:
                 personal.append((m["correct"], m["loss"], m["n"]))
                 if "global_correct" in m:
                     glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
+                for which, key, n in (("personalized", "loss", "n"), ("global", "global_loss", "global_n")):
+                    if key in m and m[n] and not math.isfinite(m[key]):
+                        bad.setdefault(which, []).append(job.cid)
+        for which, bad_cids in bad.items():
+            self._alarms.append(f"the {which} model of {len(bad_cids)} client(s) (client {bad_cids[0]} first) has a "
+                                f"NaN or inf evaluation loss on the {config['split']} split")
         out = summarise(personal)
         if len(cids) < self.fed.num_clients:
             out["eval_clients"] = len(cids)
@@ -277,10 +390,20 @@ class Simulation:
         return self.history
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        clients = self.store.checkpoint(Path(path).parent)
-        save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
-                               "history": self.history, "extra": extra or {},
-                               "train": asdict(self.run_info.train)})
+        """Checkpoint the run to ``path`` as one unit: the store's part first (a disk store's new snapshot),
+        then ``checkpoint.pt``, which names it, replaced atomically; only then are older snapshots removed. A
+        failure at any step leaves the previous checkpoint whole and removes what this one wrote."""
+        ck_dir = Path(path).parent
+        clients = self.store.checkpoint(ck_dir, self.next_round)
+        try:
+            save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
+                                   "history": self.history, "extra": extra or {},
+                                   "train": asdict(self.run_info.train)})
+        except BaseException:
+            if not _names_snapshot(path, clients):  # a failure after checkpoint.pt was replaced keeps the snapshot
+                self.store.discard(ck_dir, clients)
+            raise
+        self.store.commit(ck_dir, clients)
 
     def restore(self, path: str | Path, ck: dict | None = None) -> dict:
         """Continue from the checkpoint at ``path`` (or its already loaded contents ``ck``); returns its extra
@@ -293,6 +416,16 @@ class Simulation:
         self.store.restore(ck["clients"], Path(path).parent)
         self.history = ck["history"]
         return ck.get("extra", {})
+
+
+def _names_snapshot(path: str | Path, clients: Any) -> bool:
+    """Whether the checkpoint at ``path`` names the disk snapshot ``clients`` (False for a memory store's)."""
+    if not is_snapshot(clients):
+        return False
+    try:
+        return load_checkpoint(path)["clients"].get(DISK_SNAPSHOT) == clients[DISK_SNAPSHOT]
+    except Exception:  # missing, unreadable: it does not
+        return False
 
 
 def decode_to(obj: Any, device: str) -> Any:

@@ -9,6 +9,7 @@ wire is the bytes of its tensors (:func:`comm_bytes`); numbers and strings are c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,26 @@ def first_nonfinite(arrays: Mapping[str, Params]) -> str | None:
         for name, t in params.items():
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"{record}.{name}"
+    return None
+
+
+def first_nonfinite_value(obj: Any, path: str = "") -> str | None:
+    """The path (``"personal.fc1.weight"``) of the first NaN / inf inside a state: a floating-point tensor or a
+    float, in nested dicts / lists / tuples; None when every value is finite."""
+    if isinstance(obj, torch.Tensor):
+        return path or "." if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    if isinstance(obj, float):
+        return path or "." if not math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        where = first_nonfinite_value(v, f"{path}.{k}" if path else str(k))
+        if where is not None:
+            return where
     return None
 
 

@@ -28,6 +28,8 @@ from fedblend.data.partition import (
     KINDS,
     RULES,
     PartitionError,
+    PartitionFileError,
+    check_indices,
     counts_matrix,
     draw_domains,
     format_counts,
@@ -139,7 +141,9 @@ class FederatedData:
 
     def save(self, path: str | Path) -> None:
         """Write the partition (indices + counts + spec) as JSON; :func:`load_partition` reads it back."""
-        Path(path).write_text(json.dumps({**self.summary(), "indices": self.indices}))
+        from fedblend.common.files import write_atomic
+
+        write_atomic(path, json.dumps({**self.summary(), "indices": self.indices}).encode())
 
 
 def _normalise(raw: RawDataset, x: np.ndarray) -> torch.Tensor:
@@ -161,8 +165,9 @@ def dataset_info(raw: RawDataset) -> dict:
 
 
 def build_federated(raw: RawDataset, spec: PartitionSpec, seed: int,
-                    indices: dict[str, list[list[int]]] | None = None) -> FederatedData:
-    """Partition ``raw`` per ``spec`` with randomness from ``seed`` (or reuse saved ``indices``)."""
+                    indices: dict[str, list[list[int]]] | None = None, source: str = "indices") -> FederatedData:
+    """Partition ``raw`` per ``spec`` with randomness from ``seed`` (or reuse saved ``indices``, read from
+    ``source``: they are checked first, :func:`~fedblend.data.partition.check_indices`)."""
     if spec.split not in SPLITS:
         raise ValueError(f"partition.split must be one of {list(SPLITS)}, got {spec.split!r}")
     tree = SeedTree(seed).child("partition")
@@ -171,8 +176,12 @@ def build_federated(raw: RawDataset, spec: PartitionSpec, seed: int,
     else:
         pool_x = np.concatenate([raw.train_x, raw.test_x]) if len(raw.train_x) else raw.test_x
         pool_y = np.concatenate([raw.train_y, raw.test_y]) if len(raw.train_y) else raw.test_y
-    if indices is None:
-        indices = _draw_indices(raw, spec, pool_y, tree)
+    official = spec.split == "official"
+    pools = {"train": len(pool_y), "val": len(pool_y), "test": len(raw.test_y) if official else len(pool_y)}
+    if indices is not None:
+        check_indices(indices, pools, official, source)
+    else:
+        indices = _draw_indices(raw, spec, pool_y, tree, pools)
     px = _normalise(raw, pool_x)
     py = torch.from_numpy(pool_y).long()
     tx = _normalise(raw, raw.test_x) if spec.split == "official" else px
@@ -193,7 +202,8 @@ def build_federated(raw: RawDataset, spec: PartitionSpec, seed: int,
     return FederatedData(clients, dataset_info(raw), indices, spec, counts)
 
 
-def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree: SeedTree) -> dict:
+def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree: SeedTree,
+                  pools: dict[str, int]) -> dict:
     official = spec.split == "official"
     fedapa_rule = spec.rule == "fedapa" and spec.kind in ("dirichlet", "pathological")
     min_test = spec.min_test_samples if spec.min_test_samples is not None else (3 if fedapa_rule else 1)
@@ -202,9 +212,11 @@ def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree
         from fedblend.data.interop import load_indices
 
         got = load_indices(spec.path, raw, spec.split)
+        if not Path(spec.path).is_dir():  # a partition.json (a PFLlib folder's samples are matched one by one)
+            check_indices(got, pools, official, str(spec.path))
         if len(got["train"]) != spec.num_clients:
-            raise PartitionError(f"partition.path {spec.path} has {len(got['train'])} clients; set "
-                                 f"partition.num_clients = {len(got['train'])}")
+            raise PartitionFileError(f"partition.path {spec.path} has {len(got['train'])} clients; set "
+                                     f"partition.num_clients = {len(got['train'])}")
         return got
     if spec.kind == "flwr":
         from fedblend.data.interop import flwr_indices
@@ -258,9 +270,23 @@ def _domain_parts(raw: RawDataset, spec: PartitionSpec, tree: SeedTree) -> list[
 
 
 def load_partition(path: str | Path) -> tuple[dict, PartitionSpec]:
-    """Read a partition written by :meth:`FederatedData.save`: ``(indices, spec)``."""
-    data = json.loads(Path(path).read_text())
-    return data["indices"], PartitionSpec(**data["spec"])
+    """Read a partition written by :meth:`FederatedData.save`: ``(indices, spec)``; :class:`PartitionFileError`
+    names the file and what is wrong (the indices are checked against the data by :func:`build_federated`)."""
+    from fedblend.common.errors import UserFileError
+    from fedblend.common.jsonio import read_json_object
+
+    fix = "it is the run's partition (written by fedblend): restore it, or start the run again with --force"
+    try:
+        data = read_json_object(path, fix)
+    except UserFileError as exc:
+        raise PartitionFileError(str(exc)) from exc
+    if "indices" not in data or not isinstance(data.get("spec"), dict):
+        raise PartitionFileError(f"{path} has no \"indices\" or \"spec\": not a fedblend partition.json; {fix}")
+    try:
+        spec = PartitionSpec(**data["spec"])
+    except TypeError as exc:
+        raise PartitionFileError(f"{path}: its \"spec\" is not a partition spec ({exc}); {fix}") from exc
+    return data["indices"], spec
 
 
 def plot_counts(fed: FederatedData, path: str | Path) -> None:

@@ -20,12 +20,15 @@ reads back which rows each partition got; needs ``pip install 'fedblend[flwr-dat
 from __future__ import annotations
 
 import json
+import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedblend.data.partition import PartitionError, counts_matrix
+from fedblend.common.jsonio import read_json_object
+from fedblend.data.partition import PartitionError, PartitionFileError, counts_matrix
 from fedblend.data.raw import RawDataset
 
 PFLLIB_MEAN = PFLLIB_STD = 0.5
@@ -79,24 +82,87 @@ def export_pflib(raw: RawDataset, indices: dict[str, list[list[int]]], split: st
     return out
 
 
+PFLLIB_FIX = ("a PFLlib client file is np.savez_compressed(f, data={'x': samples (N x C x H x W floats), 'y': N "
+              "integer labels}); export it again (fedblend partition --export pflib, or PFLlib's generate_*.py)")
+# what the pickle of a PFLlib "data" entry may name: numpy arrays and dtypes (any other class is refused, so a
+# crafted file cannot run code; np.load(allow_pickle=True) would run it)
+_PICKLE_OK = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+              ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+              ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+              ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _PICKLE_OK and not module.startswith("numpy.dtypes"):
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not numpy data (refused: loading it "
+                                         f"could run code)")
+        return super().find_class(module, name)
+
+
+def _load_data_entry(path: Path) -> object:
+    """The object PFLlib stored under ``data`` in the ``.npz`` at ``path``, unpickled with numpy classes only."""
+    with zipfile.ZipFile(path) as zf:
+        if "data.npy" not in zf.namelist():
+            raise PartitionFileError(f"{path} has no 'data' entry (it holds {sorted(zf.namelist())}); {PFLLIB_FIX}")
+        with zf.open("data.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            if dtype.hasobject:
+                arr = _ArraysOnly(f).load()
+            else:
+                arr = np.frombuffer(f.read(), dtype=dtype).reshape(shape)
+    return arr.tolist() if isinstance(arr, np.ndarray) and arr.dtype.hasobject and arr.shape == () else arr
+
+
+def read_pflib_client(path: Path) -> dict[str, np.ndarray]:
+    """One PFLlib client file as ``{"x": samples, "y": int64 labels}``, checked: a readable ``.npz`` with a
+    ``data`` dict holding ``x`` (numbers) and ``y`` (integer labels, one per sample)."""
+    try:
+        d = _load_data_entry(path)
+    except PartitionFileError:
+        raise
+    except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, EOFError, OSError, KeyError, TypeError,
+            AttributeError, IndexError) as exc:
+        raise PartitionFileError(f"{path} is not a readable PFLlib client file ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}); {PFLLIB_FIX}") from exc
+    if not isinstance(d, dict):
+        raise PartitionFileError(f"{path}: its 'data' entry is a {type(d).__name__}, not a dict with 'x' and 'y'; "
+                                 f"{PFLLIB_FIX}")
+    for key in ("x", "y"):
+        if key not in d:
+            raise PartitionFileError(f"{path}: its 'data' dict has no {key!r} (keys: {sorted(map(str, d))}); "
+                                     f"{PFLLIB_FIX}")
+    x, y = np.asarray(d["x"]), np.asarray(d["y"])
+    if x.dtype.kind not in "fiu" or x.ndim < 1:
+        raise PartitionFileError(f"{path}: 'x' must be an array of numbers, one row per sample, got dtype {x.dtype} "
+                                 f"and shape {x.shape}; {PFLLIB_FIX}")
+    if y.ndim != 1 or y.dtype.kind not in "iu" and not (y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0)):
+        raise PartitionFileError(f"{path}: 'y' must be a 1-D array of integer labels, got dtype {y.dtype} and shape "
+                                 f"{y.shape}; {PFLLIB_FIX}")
+    if len(x) != len(y):
+        raise PartitionFileError(f"{path}: 'x' holds {len(x)} samples but 'y' {len(y)} labels; {PFLLIB_FIX}")
+    return {"x": x, "y": y.astype(np.int64)}
+
+
 def read_pflib(folder: str | Path) -> list[dict[str, dict[str, np.ndarray]]]:
     """Every client of a PFLlib folder: ``[{"train": {"x", "y"}, "test": {"x", "y"}}, ...]`` in client order."""
     root = Path(folder)
     if not (root / "train").is_dir() or not (root / "test").is_dir():
-        raise PartitionError(f"{root}: not a PFLlib partition folder (needs train/ and test/ with 0.npz, 1.npz, ...)")
+        raise PartitionFileError(f"{root}: not a PFLlib partition folder (needs train/ and test/ with 0.npz, 1.npz, "
+                                 f"...)")
     n = len(list((root / "train").glob("*.npz")))
     if n == 0:
-        raise PartitionError(f"{root}/train holds no .npz files")
+        raise PartitionFileError(f"{root}/train holds no .npz files")
     clients = []
     for k in range(n):
         c = {}
         for part in ("train", "test"):
             path = root / part / f"{k}.npz"
-            if not path.exists():
-                raise PartitionError(f"{path} is missing (PFLlib numbers clients 0..{n - 1})")
-            with np.load(path, allow_pickle=True) as z:  # PFLlib pickles a dict under "data"
-                d = z["data"].tolist()
-            c[part] = {"x": np.asarray(d["x"]), "y": np.asarray(d["y"]).astype(np.int64)}
+            if not path.is_file():
+                raise PartitionFileError(f"{path} is missing (PFLlib numbers clients 0..{n - 1}, in train/ and test/)")
+            c[part] = read_pflib_client(path)
         clients.append(c)
     return clients
 
@@ -116,7 +182,7 @@ class _Matcher:
         for j in range(len(x)):
             slot = self.free.get(flat[j].tobytes() + int(y[j]).to_bytes(8, "little"))
             if not slot:
-                raise PartitionError(f"{where}: sample {j} (label {int(y[j])}) is not in the dataset (or is used "
+                raise PartitionFileError(f"{where}: sample {j} (label {int(y[j])}) is not in the dataset (or is used "
                                      f"twice); is this partition of this dataset, with PFLlib's 0.5 / 0.5 "
                                      f"normalisation?")
             out.append(slot.pop())
@@ -137,8 +203,12 @@ def import_pflib(folder: str | Path, raw: RawDataset, split: str) -> dict[str, l
     out: dict[str, list[list[int]]] = {"train": [], "test": []}
     for k, c in enumerate(clients):
         for part, m in (("train", train_m), ("test", test_m)):
-            x = to_pool(c[part]["x"]).reshape((len(c[part]["y"]), *tx.shape[1:]))
-            out[part].append(m.take(x, c[part]["y"], f"{folder}/{part}/{k}.npz"))
+            where = f"{folder}/{part}/{k}.npz"
+            n, x = len(c[part]["y"]), c[part]["x"]
+            if x.size != n * int(np.prod(tx.shape[1:])):
+                raise PartitionFileError(f"{where}: samples of shape {tuple(x.shape[1:])}, but dataset {raw.name!r} has "
+                                         f"{tuple(tx.shape[1:])}; is this partition of this dataset?")
+            out[part].append(m.take(to_pool(x).reshape((n, *tx.shape[1:])), c[part]["y"], where))
     return out
 
 
@@ -148,14 +218,19 @@ def load_indices(path: str | Path, raw: RawDataset, split: str) -> dict[str, lis
     if p.is_dir():
         return import_pflib(p, raw, split)
     if not p.is_file():
-        raise PartitionError(f"partition.path {p} does not exist (a PFLlib folder or a partition.json)")
-    data = json.loads(p.read_text())
+        raise PartitionFileError(f"partition.path {p} does not exist (a PFLlib folder or a partition.json)")
+    data = read_json_object(p, "partition.path must be a partition.json written by fedblend (`fedblend partition "
+                               "--out DIR`, or a run's) or a PFLlib folder")
     spec = data.get("spec", {})
+    if not isinstance(spec, dict):
+        raise PartitionFileError(f"{p}: \"spec\" must be an object (the partition spec), got {spec!r}")
     if spec.get("split", split) != split:
-        raise PartitionError(f"{p} was drawn with partition.split = {spec['split']!r}; set the same split "
-                             f"(indices point into that split's pool), got {split!r}")
+        raise PartitionFileError(f"{p} was drawn with partition.split = {spec['split']!r}; set the same split "
+                                 f"(indices point into that split's pool), got {split!r}")
     if data.get("dataset", raw.name) != raw.name:
-        raise PartitionError(f"{p} is a partition of dataset {data['dataset']!r}, not {raw.name!r}")
+        raise PartitionFileError(f"{p} is a partition of dataset {data['dataset']!r}, not {raw.name!r}")
+    if "indices" not in data:
+        raise PartitionFileError(f"{p} has no \"indices\" (per-client sample indices): not a fedblend partition.json")
     return data["indices"]
 
 

@@ -29,13 +29,67 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedblend.common.errors import FedblendError
+from fedblend.common.errors import FedblendError, UserFileError
 
 Parts = list[np.ndarray]
 
 
 class PartitionError(FedblendError, ValueError):
     """Partition parameters that cannot be satisfied; the message names the parameter and the fix."""
+
+
+class PartitionFileError(PartitionError, UserFileError):
+    """A partition file (a ``partition.json``, a PFLlib folder) that cannot be used as it is: names the file,
+    what is wrong and the fix (exit 2, as bad input)."""
+
+
+def check_indices(indices: object, pools: dict[str, int], shared_test: bool, where: str) -> dict[str, list[list[int]]]:
+    """``indices`` (``{"train": [[...], ...], "test": [...], optionally "val": [...]}``, as read from a file) checked
+    against the pools they point into (``pools``: part -> pool size; parts with the same size share a pool only
+    when ``shared_test`` is False, i.e. merged splits): every index an integer (not a float, not a boolean) in
+    ``[0, pool size)`` (negative ones would wrap around), none repeated within a client's part, none shared
+    between clients or between the parts of one pool -- except test indices across clients when ``shared_test``
+    (the official split's test pool, from which ``test_per_client`` draws each client independently). Every
+    part lists the same number of clients. Returns ``indices``; :class:`PartitionFileError` names ``where``, the
+    first bad entry and what is allowed."""
+    fix = "use a partition written by fedblend (partition.json of a run or of `fedblend partition --out DIR`)"
+    if not isinstance(indices, dict) or not all(isinstance(indices.get(k), list) for k in ("train", "test")):
+        raise PartitionFileError(f"{where}: \"indices\" must be an object with lists \"train\" and \"test\" (one "
+                                 f"list of sample indices per client); {fix}")
+    unknown = sorted(set(indices) - {"train", "test", "val"})
+    if unknown:
+        raise PartitionFileError(f"{where}: unknown part {unknown[0]!r} in \"indices\" (allowed: train, test, val)")
+    n = len(indices["train"])
+    for part, lists in indices.items():
+        if not isinstance(lists, list) or len(lists) != n:
+            raise PartitionFileError(f"{where}: indices.{part} lists {len(lists) if isinstance(lists, list) else '?'} "
+                                     f"clients, indices.train lists {n}; every part needs one list per client")
+    owner: dict[tuple[str, int], tuple[str, int]] = {}  # (pool, index) -> (part, client) that holds it
+    for part in [p for p in ("train", "val", "test") if p in indices]:
+        size = pools[part]
+        pool = "test" if shared_test and part == "test" else "pool"
+        for k, lst in enumerate(indices[part]):
+            at = f"{where}: indices.{part}[{k}]"
+            if not isinstance(lst, list):
+                raise PartitionFileError(f"{at} must be a list of sample indices, got {type(lst).__name__}")
+            seen: set[int] = set()
+            for j, i in enumerate(lst):
+                if type(i) is not int:
+                    raise PartitionFileError(f"{at}[{j}] = {i!r}: sample indices must be integers; {fix}")
+                if not 0 <= i < size:
+                    raise PartitionFileError(f"{at}[{j}] = {i}: out of range, the pool of this dataset and split has "
+                                             f"{size} samples (indices 0..{size - 1}); is this partition of this "
+                                             f"dataset and partition.split?")
+                if i in seen:
+                    raise PartitionFileError(f"{at}[{j}] = {i}: listed twice for the same client; {fix}")
+                seen.add(i)
+                if pool == "test":
+                    continue
+                prev = owner.setdefault((pool, i), (part, k))
+                if prev != (part, k):
+                    raise PartitionFileError(f"{at}[{j}] = {i}: sample {i} is also in indices.{prev[0]}[{prev[1]}]; "
+                                             f"a sample belongs to one client and one part; {fix}")
+    return indices  # type: ignore[return-value]
 
 
 def _class_indices(labels: np.ndarray, rng: np.random.Generator, num_classes: int) -> list[np.ndarray]:

@@ -8,6 +8,12 @@ CONNECTION`` submits it to any SuperLink, local or remote (docs/deploy.md).
 ``flower-superlink`` and ``N`` ``flower-supernode`` processes (node ``k`` gets ``partition-id=k
 num-partitions=N`` and its own state directory under ``OUT/flower/``), ``flwr run --stream`` of the app, then
 every process it started is stopped (also on errors and Ctrl-C). Logs go to ``OUT/flower/*.log``.
+
+The processes talk gRPC over loopback, and gRPC honours the proxy variables (``http_proxy``, ``https_proxy``,
+``grpc_proxy``, in either case): with a proxy set, their loopback traffic would go to it and the run would never
+start. Every process started here therefore gets the loopback addresses added to ``no_proxy`` / ``NO_PROXY`` /
+``no_grpc_proxy`` (:func:`loopback_env`); other traffic (a dataset download) still uses the proxy. When the run
+fails, the error says which process failed and quotes the last lines of its log.
 """
 
 from __future__ import annotations
@@ -67,6 +73,37 @@ def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: st
     return app
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
+NO_PROXY_VARS = ("no_proxy", "NO_PROXY", "no_grpc_proxy")
+
+
+def loopback_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the loopback addresses the local federation uses added to every no-proxy list (gRPC reads
+    ``no_grpc_proxy``, else ``no_proxy``), so a proxy set for the internet never sees its traffic."""
+    out = dict(env)
+    for var in NO_PROXY_VARS:
+        have = [h.strip() for h in out.get(var, "").split(",") if h.strip()]
+        out[var] = ",".join(have + [h for h in LOOPBACK if h not in have])
+    return out
+
+
+def proxies_set(env: dict[str, str] | None = None) -> list[str]:
+    """The proxy variables set in ``env`` (default: this process's environment)."""
+    env = os.environ if env is None else env
+    return [v for name in PROXY_VARS for v in (name, name.upper()) if env.get(v)]
+
+
+def log_tail(path: Path, lines: int = 3, width: int = 300) -> str:
+    """The last non-empty lines of a log file, joined with " | " (for a one-line error)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
+    return " | ".join(t[:width] for t in tail)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,7 +136,8 @@ class LocalFederation:
         home = self.base / "flwr-home"
         home.mkdir(exist_ok=True)
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # Flower's own
-        self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1", **self.env}
+        self.env = loopback_env({**os.environ, "PATH": path, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1",
+                                 **self.env})
         conn = [f"[superlink]\ndefault = \"{CONNECTION}\"\n", f"[superlink.{CONNECTION}]",
                 f"address = \"127.0.0.1:{self.port}\""]
         conn.append(f"root-certificates = \"{self.tls['ca']}\"" if self.tls else "insecure = true")
@@ -172,6 +210,10 @@ class LocalFederation:
         except ProcessLookupError:
             pass
 
+    def failed(self) -> list[str]:
+        """The processes started here that have already exited (a SuperLink or SuperNode that failed)."""
+        return [name for name, p in self.procs.items() if p.poll() is not None]
+
     def close(self) -> None:
         for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
             self.kill(name)
@@ -206,8 +248,35 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
         for k in range(nodes):
             fed.start_supernode(k, f"partition-id={k} num-partitions={nodes} state-dir=\"{work / f'node-{k}'}\"")
         res = fed.flwr("run", str(app), CONNECTION, "--stream", timeout=run_timeout)
+        failed = fed.failed()  # before the processes are stopped
     summary_path = out / "summary.json"
-    if res.returncode != 0 or not summary_path.exists() or (
-            json.loads(summary_path.read_text()).get("rounds", 0) < cfg.rounds):
-        raise DeployError(f"the Flower run did not finish (flwr exit {res.returncode}); logs in {work}/*.log")
-    return json.loads(summary_path.read_text())
+    summary = _read_summary(summary_path)
+    if res.returncode != 0 or summary is None or summary.get("rounds", 0) < cfg.rounds:
+        raise DeployError(_failure(res.returncode, failed, work, summary))
+    return summary
+
+
+def _read_summary(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _failure(code: int, failed: list[str], work: Path, summary: dict | None) -> str:
+    """One line: what failed (``flwr run``'s exit, the processes that exited, the run's own status), the last
+    lines of the relevant log, and the proxy variables when some are set."""
+    parts = [f"the Flower run did not finish: flwr run exited {code}"]
+    if summary is not None and summary.get("status") not in (None, "finished"):
+        parts.append(f"the run ended with status {summary['status']!r}: {summary.get('stop_reason', '')}")
+    for name in failed:
+        parts.append(f"{name} exited early; last lines of {work / (name + '.log')}: {log_tail(work / (name + '.log'))}")
+    if not failed:
+        parts.append(f"last lines of {work / 'flwr-run.log'}: {log_tail(work / 'flwr-run.log')}")
+    proxies = proxies_set()
+    if proxies:
+        parts.append(f"proxy variables are set ({', '.join(proxies)}); loopback was exempted via no_proxy, check "
+                     f"that they do not capture 127.0.0.1")
+    parts.append(f"all logs in {work}")
+    return "; ".join(p for p in parts if p)
