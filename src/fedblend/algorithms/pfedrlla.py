@@ -57,11 +57,12 @@ class PFedRLLAOptions:
                                "body": ("size", "mean", "local"), "head_weights": ("agent", "mean"),
                                "agent_scope": ("head", "all"), "r3_norm": ("squared", "plain"),
                                "storage": ("trained", "uploads")}
-    RANGES: ClassVar[dict] = {"emb_dim": ">= 1", "factor": ">= 1", "ae_lr": "> 0", "ae_steps": ">= 0",
-                              "ae_every_round_until": ">= 0", "ae_every": ">= 1", "acc_tar": "(0, 1]", "hidden": ">= 1",
-                              "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0", "critic_lr": "> 0",
-                              "buffer": ">= 1", "batch": ">= 1", "noise": ">= 0", "random_rounds": ">= 0",
-                              "update_every": ">= 1", "updates": ">= 0", "finetune_updates": ">= 0"}
+    RANGES: ClassVar[dict] = {"emb_dim": "[1, 1024]", "factor": "[1, 128]", "ae_lr": "> 0", "ae_steps": "[0, 100000]",
+                              "ae_every_round_until": "[0, 1000000]", "ae_every": "[1, 1000000]", "acc_tar": "(0, 1]",
+                              "hidden": "[1, 4096]", "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0",
+                              "critic_lr": "> 0", "buffer": "[1, 10000000]", "batch": "[1, 1000000]", "noise": ">= 0",
+                              "random_rounds": "[0, 1000000]", "update_every": "[1, 1000000]", "updates": "[0, 100000]",
+                              "finetune_updates": "[0, 100000]"}
 
     # aggregation and its ablations (Table 2 / Table 7)
     body: str = "size"  # "size": Alg. 2 lines 1-2; "mean": plain mean; "local": own body (pre-training, App. D)
@@ -182,15 +183,23 @@ def save_agent(server: State, path: str | Path) -> Path:
     return path
 
 
+class AgentFileError(ConfigError, FileNotFoundError):
+    """``options.agent`` names no agent file (bad input: a :class:`ConfigError`, exit 2 on the command line)."""
+
+
 def load_agent(path: str | Path) -> dict:
+    from fedblend.common.errors import CheckpointError
     from fedblend.core.checkpoint import load_checkpoint
 
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
-    data = load_checkpoint(path)
+    if not path.is_file():
+        raise AgentFileError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
+    try:
+        data = load_checkpoint(path)
+    except CheckpointError as exc:
+        raise ConfigError(f"options.agent: {exc}") from None
     if data.get("format") != AGENT_FORMAT:
-        raise ValueError(f"{path} is not a pFedRLLA agent file (format {data.get('format')!r})")
+        raise ConfigError(f"options.agent: {path} is not a pFedRLLA agent file (format {data.get('format')!r})")
     return data
 
 
@@ -229,7 +238,7 @@ class PFedRLLA(Method):
             mine = embedding.signature({"kind": self.opts.embedding, "dim": self.opts.emb_dim,
                                         "factor": self.opts.factor, "shapes": shapes})
             if embedding.signature(emb) != mine:
-                raise ValueError(
+                raise ConfigError(
                     f"options.agent = {self.opts.agent!r}: its embedding network (kind, dim, factor, head layer "
                     f"matrices) is {embedding.signature(emb)}, this run needs {mine} (a different model, head "
                     "layers or embedding options); pre-train with the same model and options")
@@ -292,7 +301,7 @@ class PFedRLLA(Method):
             agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts)
         elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
             src = f"the pre-trained agent {self.opts.agent!r}" if server["pretrained"] else "the agent"
-            raise ValueError(
+            raise ConfigError(
                 f"{src} takes {int(agent['act_dim']) - 1} previous participants + 1 (state {int(agent['obs_dim'])}), "
                 f"but round {t} has |K'| = {n_prev} (state {obs_dim}); pFedRLLA needs the same number of clients every "
                 "round (sampling.scheme = 'fixed') and the same join ratio, clients and embedding size as the "

@@ -94,9 +94,13 @@ def read_pflib(folder: str | Path) -> list[dict[str, dict[str, np.ndarray]]]:
             path = root / part / f"{k}.npz"
             if not path.exists():
                 raise PartitionError(f"{path} is missing (PFLlib numbers clients 0..{n - 1})")
-            with np.load(path, allow_pickle=True) as z:  # PFLlib pickles a dict under "data"
-                d = z["data"].tolist()
-            c[part] = {"x": np.asarray(d["x"]), "y": np.asarray(d["y"]).astype(np.int64)}
+            try:
+                with np.load(path, allow_pickle=True) as z:  # PFLlib pickles a dict under "data"
+                    d = z["data"].tolist()
+                c[part] = {"x": np.asarray(d["x"]), "y": np.asarray(d["y"]).astype(np.int64)}
+            except Exception as exc:  # any unreadable file: one line naming it
+                raise PartitionError(f"{path}: not a PFLlib client file (an .npz holding data = {{'x', 'y'}}; "
+                                     f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         clients.append(c)
     return clients
 
@@ -149,14 +153,47 @@ def load_indices(path: str | Path, raw: RawDataset, split: str) -> dict[str, lis
         return import_pflib(p, raw, split)
     if not p.is_file():
         raise PartitionError(f"partition.path {p} does not exist (a PFLlib folder or a partition.json)")
-    data = json.loads(p.read_text())
-    spec = data.get("spec", {})
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PartitionError(f"partition.path {p} is not a fedblend partition.json ({' '.join(str(exc).split())})"
+                             ) from None
+    spec = data.get("spec", {}) if isinstance(data, dict) else None
+    if not isinstance(spec, dict):
+        raise PartitionError(f"partition.path {p} is not a fedblend partition.json (no spec / indices)")
     if spec.get("split", split) != split:
         raise PartitionError(f"{p} was drawn with partition.split = {spec['split']!r}; set the same split "
                              f"(indices point into that split's pool), got {split!r}")
     if data.get("dataset", raw.name) != raw.name:
         raise PartitionError(f"{p} is a partition of dataset {data['dataset']!r}, not {raw.name!r}")
-    return data["indices"]
+    pool = len(raw.train_y) + len(raw.test_y)
+    sizes = {"train": len(raw.train_y), "test": len(raw.test_y)} if split == "official" else {"train": pool,
+                                                                                              "test": pool}
+    return checked_indices(data.get("indices"), {**sizes, "val": sizes["train"]}, str(p))
+
+
+def checked_indices(indices: object, sizes: dict[str, int], where: str) -> dict[str, list[list[int]]]:
+    """``indices`` (``{"train": [[i, ...] per client], "test": ..., optional "val"}``) if it is one: lists of
+    integers within each part's pool (``sizes``), the same number of clients in every part; else a
+    :class:`PartitionError` naming ``where``."""
+    def bad(why: str) -> PartitionError:
+        return PartitionError(f"{where}: not a usable partition ({why})")
+
+    if not isinstance(indices, dict) or not {"train", "test"} <= set(indices) or set(indices) - {"train", "test", "val"}:
+        raise bad("indices must hold 'train' and 'test' (and optionally 'val') lists, one per client")
+    counts = set()
+    for part, clients in indices.items():
+        if not isinstance(clients, list) or not clients:
+            raise bad(f"indices.{part} must be a non-empty list of per-client lists")
+        counts.add(len(clients))
+        for k, rows in enumerate(clients):
+            if not isinstance(rows, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in rows):
+                raise bad(f"indices.{part}[{k}] must be a list of integers")
+            if rows and not (0 <= min(rows) and max(rows) < sizes[part]):
+                raise bad(f"indices.{part}[{k}] points outside the {sizes[part]} samples of the {part} pool")
+    if len(counts) != 1:
+        raise bad("the parts list different numbers of clients")
+    return indices  # type: ignore[return-value]
 
 
 def flwr_indices(labels: np.ndarray, num_clients: int, name: str, options: dict, seed: int) -> list[np.ndarray]:
