@@ -202,6 +202,9 @@ def _sigterm_interrupts() -> None:
 
 
 def _raise_interrupt(signum, frame):
+    # once: a run stopping at its checkpoint is not interrupted again by a repeated SIGTERM (the kernel's parent-
+    # death signal can arrive once per exiting thread of a killed sweep)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
