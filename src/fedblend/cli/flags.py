@@ -40,6 +40,7 @@ def int_in(rng: str) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "int"
+    parse.range = r  # type: ignore[attr-defined]
     return parse
 
 
@@ -58,6 +59,7 @@ def float_in(rng: str) -> Callable[[str], float]:
         return value
 
     parse.__name__ = "float"
+    parse.range = r  # type: ignore[attr-defined]
     return parse
 
 
