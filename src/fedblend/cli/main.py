@@ -10,11 +10,12 @@
   grid x seeds, N at a time; finished runs skipped, killed ones resumed; then the report table)
 * ``fedblend report RUNS... --compare A B``  (paired per-seed differences A - B with a t-interval)
 * ``fedblend configs``, ``fedblend methods NAME``, ``fedblend export tensorboard RUN_DIR``, ``fedblend --version``
-* ``fedblend run ... --dry-run``, ``fedblend partition ... --export pflib DIR``
+* ``fedblend run ... --dry-run`` (``--check``: the same checks, no timing), ``fedblend partition ... --export pflib DIR``
 * ``fedblend deploy CONFIG.toml --nodes N --out DIR``  (the run on a loopback Flower SuperLink + N SuperNodes)
 
 Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
-input (config, flags, usage, an existing run without --resume / --force, a refused resume), 1 for faults
+input (config, flags, usage, an existing run without --resume / --force, a directory another fedblend process is
+writing, a refused resume), 1 for faults
 (missing or corrupt data, checkpoint, disk, a run stopped by a non-finite update), 130 for Ctrl-C (the line
 says how to resume). ``--debug`` shows the traceback instead.
 """
