@@ -38,6 +38,11 @@ from pathlib import Path
 
 from fedblend.common.errors import ConfigError, RunExistsError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 LOCK_NAME = ".fedblend.lock"
 PARENT_ENV = "FEDBLEND_PARENT_PID"
 RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
@@ -67,12 +72,12 @@ def _pid_of(path: Path) -> int | None:
 def locked_by(directory: str | Path) -> int | None:
     """The id of the process holding ``directory``'s lock (0 if held but unknown), or None when free.
     Probes without creating anything."""
-    import fcntl
-
     path = Path(directory) / LOCK_NAME
     key = os.path.realpath(directory)
     if key in _HELD:
         return os.getpid()
+    if fcntl is None:
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -123,8 +128,14 @@ class DirLock:
         self.release()
 
     def acquire(self) -> DirLock:
-        import fcntl
+        if fcntl is None:  # not a POSIX system: no lock (a warning says so), the rest works as before
+            import warnings
 
+            warnings.warn("this platform has no fcntl.flock: run directories are not locked", RuntimeWarning,
+                          stacklevel=2)
+            self._outer, self.depth = None, 0
+            self._make_dir()
+            return self
         with _HELD_GUARD:
             outer = _HELD.get(self.key)
             if outer is not None:  # re-entry in this process: the outer holder keeps the file

@@ -336,10 +336,10 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     cfg.options = pretrain_options(cfg.options)
     cfg.checkpoint_every = cfg.rounds
     out = Path(args.out)
+    if out.is_dir() or out.name in ("", ".", ".."):
+        raise ConfigError(f"pretrain --out {args.out} is a directory; give the agent file's path (e.g. agent.pt)")
     run_dir = out.with_name(out.name + ".run")
     progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
-    if out.is_dir():
-        raise ConfigError(f"pretrain --out {out} is a directory; give the agent file's path (e.g. agent.pt)")
     with DirLock(run_dir, "pre-training run directory"):  # the run, then the agent file from its checkpoint
         run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
         save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
