@@ -10,7 +10,7 @@ from fedblend.config import ConfigError, config_from_dict, load_config
     ({"method": "fedfoo"}, r"method: unknown method 'fedfoo'; choose one of \[.*'fedavg'"),
     ({"dataset": "imagenet"}, r"dataset must be one of \[.*'fmnist'"),
     ({"model": "vgg"}, r"model must be one of \[.*'lenet5'"),
-    ({"rounds": 0}, "rounds must be >= 1"),
+    ({"rounds": 0}, r"rounds must be \[1, 1000000\]"),
     ({"rounds": "ten"}, "rounds must be an integer"),
     ({"train": {"lrr": 0.1}}, r"unknown field train.lrr; allowed: batch_size, epochs, lr"),
     ({"train": {"lr": "fast"}}, r"train.lr must be a number, got 'fast'"),

@@ -28,11 +28,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedblend.config import RunConfig
+from fedblend.common.errors import ConfigError
+from fedblend.config import RunConfig, check_config
 from fedblend.core.engine import Simulation
 from fedblend.core.sampling import sample_clients
 from fedblend.experiment import build_data, create_simulation
 from fedblend.models.zoo import build_model
+
+MAX_ROUNDS = 10_000  # rounds `fedblend bench` times (each also trains the plain loop)
 
 
 def _plain_model(sim: Simulation, name: str):
@@ -92,6 +95,9 @@ def peak_memory_mib(device: str) -> dict[str, float]:
 
 def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -> dict[str, Any]:
     """Time ``rounds`` engine rounds of ``cfg`` against the plain loops (see module docstring)."""
+    cfg = check_config(cfg)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"bench rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
     fed = build_data(cfg, data_dir)
     device = cfg.resolved_device()
     sim = create_simulation(cfg, fed, device=device)

@@ -51,6 +51,7 @@ from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
 from fedblend.data.sources import DATASETS, INPUTS
 from fedblend.models.zoo import MODELS, build_model
+from fedblend.rundir import check_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,8 +82,8 @@ STORES = ("memory", "disk")
 SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
                   "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES, "store": STORES,
                   "on_divergence": DIVERGENCE_POLICIES}
-SCALAR_RANGES = {"rounds": ">= 1", "seed": ">= 0", "checkpoint_every": ">= 0", "workers": ">= 1",
-                 "divergence_factor": "> 1"}
+SCALAR_RANGES = {"rounds": "[1, 1000000]", "seed": "[0, 4294967295]", "checkpoint_every": "[0, 1000000]",
+                 "workers": "[1, 1024]", "divergence_factor": "> 1"}
 # Fields that change how a run executes but not its results: they may differ on --resume and are left out of
 # the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result). The
 # divergence guard changes no number of a round either, only whether a diverged run stops or is flagged.
@@ -209,6 +210,8 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         allowed = sorted(list(SCALARS) + list(TABLES) + ["options"] + parts)
         hint = f" (a table for transform {key!r} needs it in method, e.g. 'fedavg+{key}')" if key in TRANSFORMS else ""
         raise ConfigError(f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}")
+    if "name" in kwargs:
+        check_name(kwargs["name"])
     cfg = RunConfig(**kwargs)
     try:
         cfg.build_method()  # composition rules (e.g. a transform that needs a global model)
@@ -216,6 +219,27 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"method: {exc}") from exc
     check_cross_fields(cfg, given["partition"])
     return cfg
+
+
+def check_config(cfg: RunConfig) -> RunConfig:
+    """Check ``cfg`` as :func:`load_config` checks a file (types, choices, ranges, cross-field rules), whatever
+    happened to it since (fields set through the Python API, tables replaced by hand-built dataclasses);
+    returns the validated copy. ``run_experiment``, ``dry_run`` and ``bench`` call it."""
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"expected a RunConfig, got {type(cfg).__name__}")
+    raw: dict[str, Any] = {k: getattr(cfg, k) for k in SCALARS}
+    for name, cls in TABLES.items():
+        table = getattr(cfg, name)
+        if not isinstance(table, cls):
+            raise ConfigError(f"{name} must be a {cls.__name__}, got {type(table).__name__}")
+        raw[name] = to_table(table)
+    if not isinstance(cfg.transforms, dict):
+        raise ConfigError(f"transforms must be a dict of tables, got {cfg.transforms!r}")
+    for name, table in (("options", cfg.options), *cfg.transforms.items()):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{name} must be a table (a dict), got {table!r}")
+        raw[name] = dict(table)
+    return config_from_dict(raw)
 
 
 def check_cross_fields(cfg: RunConfig, partition_given: set[str] = frozenset()) -> None:
@@ -299,10 +323,14 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
+        if not p.is_file():
+            raise ConfigError(f"config file {p} is not a file")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: invalid TOML ({exc})") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {p} cannot be read as UTF-8 text ({exc})") from exc
     return config_from_dict(apply_overrides(raw, overrides or []))
 
 

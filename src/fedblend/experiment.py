@@ -59,17 +59,25 @@ from fedblend.common.errors import (
     RunInterrupted,
 )
 from fedblend.common.jsonio import dumps
-from fedblend.config import RUNTIME_ONLY, RunConfig, check_model_fits, config_diff, config_hash, dump_toml
+from fedblend.config import (
+    RUNTIME_ONLY,
+    RunConfig,
+    check_config,
+    check_model_fits,
+    config_diff,
+    config_hash,
+    dump_toml,
+)
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint
 from fedblend.core.engine import Simulation
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
+from fedblend.rundir import RUN_FILES, DirLock, clear_run, locked_by
 from fedblend.tracking import TB_DIR, TensorBoardLog, check_available
 
-RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
-             FILENAME, "accuracy.png")
+assert FILENAME in RUN_FILES  # the run files (fedblend.rundir, which --force and the lock use)
 
 
 def build_data(cfg: RunConfig, data_dir: str | Path | None = None) -> FederatedData:
@@ -156,7 +164,7 @@ def default_out_dir(cfg: RunConfig, base: str | Path = "runs") -> Path:
     ``--out`` never lands on an earlier one."""
     stem = Path(base) / f"{cfg.label}-seed{cfg.seed}"
     out, k = stem, 1
-    while holds_run(out) or (out.exists() and not out.is_dir()):
+    while holds_run(out) or (out.exists() and not out.is_dir()) or locked_by(out) is not None:
         k += 1
         out = stem.with_name(f"{stem.name}-{k}")
     return out
@@ -189,14 +197,10 @@ def _write(path: Path, text: str) -> None:
 
 
 def _clear(out: Path, created: bool) -> None:
-    """Remove what a failed fresh run wrote: the directory it created, or its run files."""
-    if created:
-        shutil.rmtree(out, ignore_errors=True)
-    else:
-        for f in RUN_FILES:
-            (out / f).unlink(missing_ok=True)
-        for d in (TB_DIR, "clients", "clients.ckpt"):  # trackers' and a disk store's folders
-            shutil.rmtree(out / d, ignore_errors=True)
+    """Remove what a run owns in ``out`` (a failed fresh run's files, or the old run on ``--force``: files,
+    client folders, TensorBoard events; :func:`fedblend.rundir.clear_run`). The directory itself, when this run
+    created it, goes when its lock is released and it is empty."""
+    clear_run(out)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -292,6 +296,7 @@ def dry_run(cfg: RunConfig, data_dir: str | Path | None = None, time_client: boo
     from fedblend.core.client import ClientJob
     from fedblend.core.sampling import sample_clients
 
+    cfg = check_config(cfg)
     check_model_fits(cfg.model, cfg.dataset)
     check_available(cfg.log)
     fed = build_federated(load_dataset(cfg.dataset, data_dir), cfg.partition, cfg.seed)
@@ -332,10 +337,38 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
     """The simulation of run config ``cfg`` on ``fed`` (method, model, training, sampling, evaluation, backend,
     device, non-finite policy), for ``rounds`` rounds (default the config's); ``backend`` replaces the config's
     (e.g. the Flower backend of :mod:`fedblend.flower`)."""
-    return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
-                             cfg.sampling, cfg.eval, backend=backend or make_backend(cfg.backend, cfg.workers),
-                             device=device or cfg.resolved_device(), on_nonfinite=cfg.on_nonfinite,
-                             on_divergence=cfg.on_divergence, divergence_factor=cfg.divergence_factor)
+    if backend is None:
+        backend = make_backend(cfg.backend, worker_count(cfg, fed.num_clients))
+    try:
+        return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
+                                 cfg.sampling, cfg.eval, backend=backend, device=device or cfg.resolved_device(),
+                                 on_nonfinite=cfg.on_nonfinite, on_divergence=cfg.on_divergence,
+                                 divergence_factor=cfg.divergence_factor)
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        raise ConfigError(f"{cfg.label}: the model and the method's state do not fit in memory "
+                          f"({_first_line(exc)}); lower the sizes in [options] or the model") from None
+
+
+def worker_count(cfg: RunConfig, num_clients: int) -> int:
+    """``cfg.workers`` capped at the number of clients and of CPU cores (a warning says so): more worker
+    processes would hold no client, or only compete for the cores, each with its own copy of the model."""
+    cap = max(1, min(num_clients, os.cpu_count() or 1))
+    if cfg.backend == "processes" and cfg.workers > cap:
+        warnings.warn(f"workers = {cfg.workers} capped to {cap} (the run has {num_clients} clients and this machine "
+                      f"{os.cpu_count()} CPU cores)", RuntimeWarning, stacklevel=3)
+    return min(cfg.workers, cap)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text.split("DefaultCPUAllocator: ")[-1][:200] or type(exc).__name__
 
 
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
@@ -348,11 +381,23 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     Ctrl-C becomes :class:`RunInterrupted` saying how to resume. ``stop_after`` ends the call after that many
     rounds (checkpointing as configured), to emulate a killed run. ``backend`` replaces the config's (the Flower
     ServerApp passes its Flower backend: same loop, same results directory).
+
+    The config is validated again here (a config changed through the Python API after ``load_config`` is
+    checked like a loaded one), and ``out_dir`` is locked for the whole run (:class:`fedblend.rundir.DirLock`:
+    a second writer is refused with :class:`~fedblend.rundir.RunLockedError`).
     """
     out = Path(out_dir)
+    cfg = check_config(cfg)
     check_model_fits(cfg.model, cfg.dataset)
     device = cfg.resolved_device()
-    check_out_dir(out, resume, force)
+    check_out_dir(out, resume, force)  # before the lock creates anything
+    with DirLock(out) as lock:
+        check_out_dir(out, resume, force)  # again, now that no other process can change it
+        return _run_locked(cfg, out, data_dir, resume, progress, stop_after, backend, device, created=bool(lock.created))
+
+
+def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, stop_after, backend, device: str,
+                created: bool) -> dict[str, Any]:
     check_available(cfg.log)
     ck_path = out / FILENAME
     ck = load_checkpoint(ck_path) if resume else None
@@ -366,7 +411,6 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved, source=str(part_path))
     sim = create_simulation(cfg, fed, device=device, backend=backend)
     sim.on_client = getattr(progress, "on_client", None)
-    created = not out.exists()
     start = 0
     try:
         if cfg.store == "disk":  # one file per client under OUT/clients (a fresh run starts it empty)

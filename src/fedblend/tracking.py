@@ -45,8 +45,8 @@ def _summary_writer():
 class TensorBoardLog:
     """Writes metrics rows to TensorBoard event files under ``log_dir`` as they come."""
 
-    def __init__(self, log_dir: str | Path):
-        self.writer = _summary_writer()(log_dir=str(log_dir))
+    def __init__(self, log_dir: str | Path, writer_cls=None):
+        self.writer = (writer_cls or _summary_writer())(log_dir=str(log_dir))
 
     def __call__(self, m: dict) -> None:
         if not isinstance(m.get("round"), int) or m.get("stopped"):
@@ -66,20 +66,29 @@ def check_available(cfg_log: Any) -> None:
 
 
 def export_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write a run's ``metrics.jsonl`` as TensorBoard event files (default ``RUN_DIR/tensorboard``)."""
+    """Write a run's ``metrics.jsonl`` as TensorBoard event files (default ``RUN_DIR/tensorboard``), replacing
+    the event files an earlier export (or the run's ``[log] tensorboard``) left there, so no row appears twice.
+    Holds the writer lock of the run directory (default target) or of ``out`` while it writes."""
+    from fedblend.rundir import DirLock
+
     run = Path(run_dir)
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise UserFileError(f"{run}: no metrics.jsonl (not a run directory); give the directory of a run")
-    rows = read_jsonl(path, f"continue the run (fedblend run {run / 'config.toml'} --out {run} --resume rewrites "
-                            f"metrics.jsonl from its checkpoint), or delete the damaged line")
     target = Path(out) if out else run / TB_DIR
-    log = TensorBoardLog(target)
-    try:
-        for row in rows:
-            log(row)
-    finally:
-        log.close()
+    writer = _summary_writer()  # the package is there, before anything is written
+    with DirLock(run if not out else target, "run directory" if not out else "TensorBoard folder"):
+        rows = read_jsonl(path, f"continue the run (fedblend run {run / 'config.toml'} --out {run} --resume rewrites "
+                                f"metrics.jsonl from its checkpoint), or delete the damaged line")
+        if target.is_dir():
+            for old in target.glob("events.out.tfevents.*"):
+                old.unlink()
+        log = TensorBoardLog(target, writer)
+        try:
+            for row in rows:
+                log(row)
+        finally:
+            log.close()
     return target
 
 

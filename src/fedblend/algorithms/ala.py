@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.registry import register_transform
+from fedblend.common.errors import ConfigError
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
 from fedblend.models.zoo import FedModel
@@ -55,8 +56,8 @@ class ALAOptions:
 
     CHOICES: ClassVar[dict] = {"sample": ("random", "window"), "record": ("last", "mean"),
                                "eval": ("ala", "stored", "trained"), "eval_stream": ("train", "eval")}
-    RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": ">= 1", "threshold": ">= 0", "window": ">= 1",
-                              "cap": ">= 1", "batch_size": ">= 1"}
+    RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": "[1, 1000]", "threshold": ">= 0", "window": "[1, 100000]",
+                              "cap": "[1, 1000000]", "batch_size": "[1, 1000000]"}
 
     eta: float = 1.0  # learning rate of the weight learning (paper: 1.0)
     s: float = 80.0  # percent of the client's training data used for weight learning each round (paper: 80)
@@ -215,6 +216,12 @@ class ALA(ClientTransform):
 
     def init_state(self) -> State:
         return {"weights": None, "initial_done": False, "history": []}
+
+    def check_model(self, method: Method, model: FedModel) -> None:
+        if not 1 <= self.opts.p <= len(model.layers):
+            where = "options" if method.name == "fedala" else self.key
+            raise ConfigError(f"{where}.p must be in [1, {len(model.layers)}] for model {type(model).__name__} (its "
+                              f"layers: {', '.join(model.layers)}), got {self.opts.p}")
 
     def _learn(self, glob: Params, local: Params, st: State, ctx: ClientCtx) -> ALAResult | None:
         """Weight learning of client ``ctx.cid`` (None when skipped: the top layers of both models are equal).

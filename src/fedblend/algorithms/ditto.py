@@ -44,7 +44,7 @@ from fedblend.core.training import TrainSpec, merge_momentum
 @dataclass(frozen=True)
 class DittoOptions:
     # personal_epochs = 0 would never train v_k, the model Ditto evaluates: refused, not run as if fine
-    RANGES: ClassVar[dict] = {"lam": ">= 0", "personal_epochs": ">= 1"}
+    RANGES: ClassVar[dict] = {"lam": ">= 0", "personal_epochs": "[1, 10000]"}
     lam: float = 0.1  # lambda of Eq. 2: pull of v_k toward the global model (paper: tuned per dataset)
     personal_epochs: int | None = None  # epochs of the v_k update per round (None: [train] epochs)
 

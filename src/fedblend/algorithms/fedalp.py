@@ -51,8 +51,8 @@ class FedALPOptions:
                                "layer_unit": ("layer", "tensor"), "group_update": ("literal", "mixed_start"),
                                "local_model": ("mixed", "group"), "global_weights": ("members", "participants"),
                                "step_weights": ("group", "federation")}
-    RANGES: ClassVar[dict] = {"t_pre": ">= 0", "t_pre_fraction": "(0, 1)", "num_groups": ">= 1", "beta": "[0, 1]",
-                              "recluster_every": ">= 0"}
+    RANGES: ClassVar[dict] = {"t_pre": "[0, 1000000]", "t_pre_fraction": "(0, 1)", "num_groups": "[1, 100000]", "beta": "[0, 1]",
+                              "recluster_every": "[0, 1000000]"}
 
     t_pre: int = 0  # warm-up rounds T_pre; 0 = round(t_pre_fraction * rounds)
     t_pre_fraction: float = 0.5  # paper: T_pre is "typically 40% to 70%" of T

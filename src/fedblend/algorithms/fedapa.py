@@ -54,7 +54,7 @@ class FedAPAOptions:
 
     CHOICES: ClassVar[dict] = {"self_weight_rule": ("mu", "one"), "sign": ("descent", "eq7-literal"),
                                "momentum_scope": ("row", "matrix"), "share": ("body", "all")}
-    RANGES: ClassVar[dict] = {"eta": ">= 0", "mu": ">= 0", "server_momentum": "[0, 1)", "heatmap_rounds": ">= 1"}
+    RANGES: ClassVar[dict] = {"eta": ">= 0", "mu": ">= 0", "server_momentum": "[0, 1)", "heatmap_rounds": "[1, 1000000]"}
 
     eta: float = 0.01  # server learning rate of the weight vectors (Sec. 5.1)
     mu: float = 0.5  # self-weight set before normalising (Sec. 3.2 step 2, Alg. 1 line 12, Table 4)

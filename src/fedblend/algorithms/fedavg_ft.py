@@ -16,7 +16,7 @@ from fedblend.core.training import TrainSpec
 
 @dataclass(frozen=True)
 class FineTuneOptions:
-    RANGES: ClassVar[dict] = {"ft_epochs": ">= 0"}
+    RANGES: ClassVar[dict] = {"ft_epochs": "[0, 10000]"}
     ft_epochs: int = 1  # local epochs of fine-tuning before evaluation
 
 

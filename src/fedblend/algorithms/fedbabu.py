@@ -32,7 +32,7 @@ from fedblend.core.method import ClientCtx, Message, State
 @dataclass(frozen=True)
 class FedBABUOptions:
     CHOICES: ClassVar[dict] = {"ft_part": ("all", "head")}
-    RANGES: ClassVar[dict] = {"ft_epochs": ">= 0"}
+    RANGES: ClassVar[dict] = {"ft_epochs": "[0, 10000]"}
     ft_epochs: int = 5  # tau_f: fine-tuning epochs before evaluation (paper Sec. 4 / 5: 5)
     ft_part: str = "all"  # "all": fine-tune body and head (paper); "head": the head only
 

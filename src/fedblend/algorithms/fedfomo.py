@@ -44,7 +44,7 @@ from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerC
 @dataclass(frozen=True)
 class FedFomoOptions:
     CHOICES: ClassVar[dict] = {"val_split": ("val", "train"), "candidates": ("stored", "last_round")}
-    RANGES: ClassVar[dict] = {"m": ">= 1", "epsilon": "[0, 1]", "epsilon_decay": ">= 0"}
+    RANGES: ClassVar[dict] = {"m": "[1, 100000]", "epsilon": "[0, 1]", "epsilon_decay": ">= 0"}
 
     m: int = 5  # models downloaded per client and round (paper's M)
     epsilon: float = 0.3  # epsilon-greedy exploration rate in the first round

@@ -47,7 +47,7 @@ class FedGHOptions:
     """FedGH options (server-side header training; the paper's objective, PFLlib's batching)."""
 
     CHOICES: ClassVar[dict] = {"eval": ("header", "local")}
-    RANGES: ClassVar[dict] = {"server_lr": "> 0", "server_epochs": ">= 1", "server_batch_size": ">= 1",
+    RANGES: ClassVar[dict] = {"server_lr": "> 0", "server_epochs": "[1, 10000]", "server_batch_size": "[1, 1000000]",
                               "server_momentum": "[0, 1)"}
 
     server_lr: float = 0.01  # SGD learning rate of the header on the server (PFLlib server_learning_rate)

@@ -47,7 +47,7 @@ class FedPACOptions:
 
     CHOICES: ClassVar[dict] = {"combine": ("qp", "local"), "centroids": ("counts", "mean"),
                                "align_norm": ("sum", "mean")}
-    RANGES: ClassVar[dict] = {"lam": ">= 0", "head_epochs": ">= 0", "head_lr": ">= 0", "weight_eps": "[0, 1)"}
+    RANGES: ClassVar[dict] = {"lam": ">= 0", "head_epochs": "[0, 10000]", "head_lr": ">= 0", "weight_eps": "[0, 1)"}
 
     lam: float = 1.0  # lambda of the feature-alignment term (Eq. 5)
     head_epochs: int = 1  # epochs of classifier training (body frozen) before the body epochs

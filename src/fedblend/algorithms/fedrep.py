@@ -35,7 +35,7 @@ from fedblend.core.method import ClientCtx, Message, State
 @dataclass(frozen=True)
 class FedRepOptions:
     # body_epochs = 0 would never train the shared representation (nothing federated, no train_loss): refused
-    RANGES: ClassVar[dict] = {"head_epochs": ">= 0", "body_epochs": ">= 1"}
+    RANGES: ClassVar[dict] = {"head_epochs": "[0, 10000]", "body_epochs": "[1, 10000]"}
     head_epochs: int = 10  # tau_h: epochs of the head update with the representation fixed (paper Sec. 5)
     body_epochs: int | None = None  # tau: epochs of the representation update (None: [train] epochs)
 

@@ -43,7 +43,7 @@ from fedblend.core.training import TrainSpec
 @dataclass(frozen=True)
 class PerFedAvgOptions:
     CHOICES: ClassVar[dict] = {"variant": ("fo", "hf")}
-    RANGES: ClassVar[dict] = {"alpha": ">= 0", "beta": "> 0", "delta": "> 0", "local_steps": ">= 1"}
+    RANGES: ClassVar[dict] = {"alpha": ">= 0", "beta": "> 0", "delta": "> 0", "local_steps": "[1, 1000000]"}
 
     variant: str = "fo"  # "fo": first-order (Eq. 8); "hf": Hessian-free finite difference (Eq. 9)
     alpha: float | None = 0.001  # inner / adaptation step size (Sec. 5, see docs); unset = train.lr

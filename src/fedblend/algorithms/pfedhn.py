@@ -45,9 +45,9 @@ from fedblend.core.training import TrainSpec
 class PFedHNOptions:
     """Defaults: the authors' code (embedding dim ``1 + N/4``, 3 hidden layers of 100, SGD 1e-2)."""
 
-    RANGES: ClassVar[dict] = {"embed_dim": ">= 0", "hidden": ">= 1", "n_hidden": ">= 0", "hn_lr": "> 0",
+    RANGES: ClassVar[dict] = {"embed_dim": "[0, 4096]", "hidden": "[1, 1024]", "n_hidden": "[0, 64]", "hn_lr": "> 0",
                               "embed_lr": ">= 0", "hn_momentum": "[0, 1)", "hn_weight_decay": ">= 0",
-                              "grad_clip": ">= 0", "inner_steps": ">= 0"}
+                              "grad_clip": ">= 0", "inner_steps": "[0, 1000000]"}
 
     embed_dim: int = 0  # 0: int(1 + num_clients / 4) (authors' code)
     hidden: int = 100  # trunk width

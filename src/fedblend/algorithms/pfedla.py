@@ -47,7 +47,7 @@ class PFedLAOptions:
     """Defaults: FL-bench's pFedLA (the paper's sizes and rates where it gives them)."""
 
     CHOICES: ClassVar[dict] = {"sign": ("descent", "literal"), "granularity": ("layer", "tensor")}
-    RANGES: ClassVar[dict] = {"embed_dim": ">= 1", "hidden": ">= 1", "hn_lr": "> 0", "hn_momentum": "[0, 1)"}
+    RANGES: ClassVar[dict] = {"embed_dim": "[1, 4096]", "hidden": "[1, 4096]", "hn_lr": "> 0", "hn_momentum": "[0, 1)"}
 
     embed_dim: int = 100
     hidden: int = 100

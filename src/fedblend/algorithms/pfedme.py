@@ -40,8 +40,8 @@ from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 @dataclass(frozen=True)
 class PFedMeOptions:
     CHOICES: ClassVar[dict] = {"inner_init": ("previous", "w")}
-    RANGES: ClassVar[dict] = {"lamda": "> 0", "k": ">= 1", "personal_lr": "> 0", "beta": "> 0",
-                              "local_steps": ">= 1"}
+    RANGES: ClassVar[dict] = {"lamda": "> 0", "k": "[1, 10000]", "personal_lr": "> 0", "beta": "> 0",
+                              "local_steps": "[1, 1000000]"}
 
     lamda: float = 15.0  # regularisation lambda of the Moreau envelope (paper Sec. 5, MNIST: 15)
     k: int = 5  # inner-solver steps K (Sec. 5: K = 5)

@@ -58,11 +58,12 @@ class PFedRLLAOptions:
                                "body": ("size", "mean", "local"), "head_weights": ("agent", "mean"),
                                "agent_scope": ("head", "all"), "r3_norm": ("squared", "plain"),
                                "storage": ("trained", "uploads")}
-    RANGES: ClassVar[dict] = {"emb_dim": ">= 1", "factor": ">= 1", "ae_lr": "> 0", "ae_steps": ">= 0",
-                              "ae_every_round_until": ">= 0", "ae_every": ">= 1", "acc_tar": "(0, 1]", "hidden": ">= 1",
-                              "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0", "critic_lr": "> 0",
-                              "buffer": ">= 1", "batch": ">= 1", "noise": ">= 0", "random_rounds": ">= 0",
-                              "update_every": ">= 1", "updates": ">= 0", "finetune_updates": ">= 0"}
+    RANGES: ClassVar[dict] = {"emb_dim": "[1, 1024]", "factor": "[1, 128]", "ae_lr": "> 0", "ae_steps": "[0, 100000]",
+                              "ae_every_round_until": "[0, 1000000]", "ae_every": "[1, 1000000]", "acc_tar": "(0, 1]",
+                              "hidden": "[1, 4096]", "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0",
+                              "critic_lr": "> 0", "buffer": "[1, 10000000]", "batch": "[1, 1000000]", "noise": ">= 0",
+                              "random_rounds": "[0, 1000000]", "update_every": "[1, 1000000]", "updates": "[0, 100000]",
+                              "finetune_updates": "[0, 100000]"}
 
     # aggregation and its ablations (Table 2 / Table 7)
     body: str = "size"  # "size": Alg. 2 lines 1-2; "mean": plain mean; "local": own body (pre-training, App. D)

@@ -10,15 +10,15 @@
   grid x seeds, N at a time; finished runs skipped, killed ones resumed; then the report table)
 * ``fedblend report RUNS... --compare A B``  (paired per-seed differences A - B with a t-interval)
 * ``fedblend configs``, ``fedblend methods NAME``, ``fedblend export tensorboard RUN_DIR``, ``fedblend --version``
-* ``fedblend run ... --dry-run``, ``fedblend partition ... --export pflib DIR``
+* ``fedblend run ... --dry-run`` (``--check``: the same checks, no timing), ``fedblend partition ... --export pflib DIR``
 * ``fedblend deploy CONFIG.toml --nodes N --out DIR``  (the run on a loopback Flower SuperLink + N SuperNodes)
 
 Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a non-zero exit: 2 for bad
-input (config, flags, usage, an existing run without --resume / --force, a refused resume, a user's file that
-cannot be used: a partition, a PFLlib folder, an agent file, a run's metrics or summary), 1 for faults (missing
-or corrupt data, checkpoint, a full disk, a client worker that died, a run that diverged), 130 for Ctrl-C (the
-line says how to resume). The line names the file or resource and what to do. ``--debug`` shows the traceback
-instead.
+input (config, flags, usage, an existing run without --resume / --force, a directory another fedblend process is
+writing, a refused resume, a user's file that cannot be used: a partition, a PFLlib folder, an agent file, a run's
+metrics or summary), 1 for faults (missing or corrupt data, checkpoint, a full disk, a client worker that died, a
+run that diverged), 130 for Ctrl-C (the line says how to resume). The line names the file or resource and what to
+do. ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -35,6 +37,8 @@ from pathlib import Path
 import torch
 
 from fedblend.algorithms import METHODS, TRANSFORMS
+from fedblend.cli import flags
+from fedblend.cli.flags import float_in, int_in
 from fedblend.common.errors import (
     ConfigError,
     FedblendError,
@@ -43,7 +47,10 @@ from fedblend.common.errors import (
     RunInterrupted,
     UserFileError,
 )
+from fedblend.config import SCALAR_RANGES
+from fedblend.rundir import DirLock, die_with_parent
 
+SEED_RANGE = SCALAR_RANGES["seed"]
 # exit 2; other expected failures exit 1
 INPUT_ERRORS = (ConfigError, RunExistsError, ResumeMismatchError, UserFileError)
 
@@ -56,6 +63,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error raises (one ``fedblend: error:`` line) instead of printing the usage."""
 
     def error(self, message: str):
+        import re
+
+        # a flag's range (fedblend.cli.flags): "argument --threads: must be ..." -> "--threads must be ..."
+        message = re.sub(r"^argument (\S+?)(?:/\S+)?: must be", r"\1 must be", message)
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
@@ -76,7 +87,8 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
     p.add_argument("--backend", choices=["sequential", "processes", "vmap"],
                    help="how client halves run (config: backend): worker 'processes', or 'vmap' (batched clients)")
-    p.add_argument("--workers", type=int, help="worker processes of --backend processes (config: workers)")
+    p.add_argument("--workers", type=int_in(flags.WORKERS), help="worker processes of --backend processes (config: "
+                   "workers; capped at the clients and the CPU cores)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,9 +100,13 @@ def parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config; rounds "
                      "may grow)")
-    run.add_argument("--force", action="store_true", help="replace a run already in OUT")
-    run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    run.add_argument("--force", action="store_true", help="replace a run already in OUT (everything the old run "
+                     "wrote there is removed first)")
+    run.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: torch's)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--check", action="store_true", help="check the config, OUT, the data, the partition and the "
+                     "model as a run would before its first round, and stop: the --dry-run without timing a client "
+                     "(fast; writes nothing)")
     run.add_argument("--dry-run", action="store_true", help="check everything (config, data, partition, model), "
                      "print parameters, bytes per round and a time estimate; write nothing")
     _runtime_flags(run)
@@ -104,7 +120,10 @@ def parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
     part.add_argument("--export", nargs=2, metavar=("FORMAT", "DIR"), help="write the partition in a peer's format: "
-                      "pflib (train/{k}.npz, test/{k}.npz, config.json)")
+                      "pflib (train/{k}.npz, test/{k}.npz, config.json) into an empty folder or over an earlier "
+                      "PFLlib export (replaced whole)")
+    part.add_argument("--force", action="store_true", help="--out may be a run directory: the run there is "
+                      "removed first (its partition would no longer match its checkpoint)")
     meth = sub.add_parser("methods", help="list methods, transforms and their options; with NAME, its options "
                                           "with defaults, allowed values and help")
     meth.add_argument("name", nargs="?", help="a method or transform (e.g. fedapa, ala)")
@@ -114,13 +133,15 @@ def parser() -> argparse.ArgumentParser:
     _debug(cfgs)
     sw = sub.add_parser("sweep", help="run configs x grid x seeds, N at a time, restartable; then the report")
     sw.add_argument("configs", nargs="+", help="TOML config files")
-    sw.add_argument("--seeds", nargs="+", type=int, help="seeds (default: each config's seed)")
+    sw.add_argument("--seeds", nargs="+", type=int_in(SEED_RANGE), help="seeds (default: each config's seed; "
+                    "then no --grid or --set may set the seed)")
     sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                     help="a field and its values; several --grid give their product")
     sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field in every run, e.g. --set rounds=2")
-    sw.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
-    sw.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (default 1)")
+    sw.add_argument("--jobs", type=int_in(flags.JOBS), default=1, help="runs at a time (default 1; capped at the "
+                    "CPU cores)")
+    sw.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads per run (default 1)")
     sw.add_argument("--out", required=True, help="sweep folder: OUT/<config>[__grid]/seed<S>, report in OUT/report")
     sw.add_argument("--data-dir", help="dataset directory (default: $FEDBLEND_DATA or ~/.fedblend/data)")
     sw.add_argument("--no-plots", action="store_true", help="no report curves")
@@ -134,22 +155,26 @@ def parser() -> argparse.ArgumentParser:
     _debug(ex)
     b = sub.add_parser("bench", help="time engine rounds against a plain PyTorch loop over the same work")
     _common(b)
-    b.add_argument("--rounds", type=int, default=3, help="rounds to time (default 3)")
-    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    b.add_argument("--rounds", type=int_in(flags.BENCH_ROUNDS), default=3, help="rounds to time (default 3)")
+    b.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: torch's)")
     _runtime_flags(b)
     pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
                                           "run CONFIG with the body kept local, write the agent file to --out")
     _common(pre)
-    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    pre.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: "
+                     "torch's)")
     pre.add_argument("--quiet", action="store_true", help="no progress display")
     pre.add_argument("--force", action="store_true", help="replace an earlier pre-training run in OUT.run")
     dep = sub.add_parser("deploy", help="run CONFIG on Flower: a SuperLink and N SuperNodes on loopback "
                                         "(needs pip install 'fedblend[flower]'; see docs/deploy.md)")
     _common(dep)
-    dep.add_argument("--nodes", type=int, default=2, help="SuperNodes to start (default 2)")
-    dep.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a node's answer (default 600)")
-    dep.add_argument("--min-clients", type=int, default=1, help="fewer answers in an exchange stop the run")
-    dep.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    dep.add_argument("--nodes", type=int_in(flags.NODES), default=2, help="SuperNodes to start (default 2; at most "
+                     "the run's clients)")
+    dep.add_argument("--timeout", type=float_in(flags.TIMEOUT), default=600.0, help="seconds to wait for a node's "
+                     "answer (default 600)")
+    dep.add_argument("--min-clients", type=int_in(flags.MIN_CLIENTS), default=1, help="fewer answers in an exchange "
+                     "stop the run")
+    dep.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch threads per process (default 1)")
     dep.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     dep.add_argument("--force", action="store_true", help="replace a run already in OUT")
     dep.add_argument("--write-app", metavar="APP_DIR", help="only write the Flower app (for `flwr run APP_DIR "
@@ -161,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     _sigterm_interrupts()
+    die_with_parent()  # a run started by `fedblend sweep` stops when the sweep dies, even by kill -9
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
@@ -192,6 +218,9 @@ def _sigterm_interrupts() -> None:
 
 
 def _raise_interrupt(signum, frame):
+    # once: a run stopping at its checkpoint is not interrupted again by a repeated SIGTERM (the kernel's parent-
+    # death signal can arrive once per exiting thread of a killed sweep)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -244,8 +273,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     for flag in ("device", "backend", "workers"):
         if getattr(args, flag, None) is not None:
             overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
-    if getattr(args, "threads", None) is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     cfg = load_config(args.config, overrides)
     if args.cmd == "bench":
         from fedblend.bench import bench
@@ -266,10 +293,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(fed.table())
         if args.out:
             out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            fed.save(out / "partition.json")
-            (out / "partition.txt").write_text(fed.table() + "\n")
-            plot_counts(fed, out / "partition.png")
+            with DirLock(out, "partition folder"):
+                _refuse_run_in(out, args.force)
+                fed.save(out / "partition.json")
+                (out / "partition.txt").write_text(fed.table() + "\n")
+                plot_counts(fed, out / "partition.png")
             print(f"wrote {out}/partition.json, partition.txt, partition.png")
         if args.export:
             _export_partition(cfg, fed, args)
@@ -284,10 +312,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         out = Path(args.out)
     else:  # a new run never lands on an earlier one; --resume continues the first
         out = Path("runs") / f"{cfg.label}-seed{cfg.seed}" if args.resume else default_out_dir(cfg)
-    if args.dry_run:
-        from fedblend.experiment import dry_run
+    if args.dry_run or args.check:
+        from fedblend.experiment import check_out_dir, dry_run
 
-        print(_dry_run_text(dry_run(cfg, args.data_dir)))
+        if args.check:
+            check_out_dir(out, args.resume, args.force)
+        print(_dry_run_text(dry_run(cfg, args.data_dir, time_client=not args.check)))
         return 0
     progress = None if args.quiet else Progress(cfg.rounds, cfg.label)
     try:
@@ -299,6 +329,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {out}")
     return 0
+
+
+def _refuse_run_in(out: Path, force: bool) -> None:
+    """``partition --out``: a directory holding a run (more than an earlier partition's files) is refused, or with
+    ``force`` cleared: the run's checkpoint would otherwise continue on a partition it was not trained on."""
+    from fedblend.experiment import holds_run
+    from fedblend.rundir import clear_run
+
+    run_files = [f for f in holds_run(out) if f not in ("partition.json", "partition.txt")]
+    if run_files and not force:
+        raise RunExistsError(f"{out} holds a run ({', '.join(run_files)}); a new partition.json would not match its "
+                             f"checkpoint and config: use another --out, or --force to delete that run first")
+    if run_files:
+        clear_run(out)
 
 
 def _pretrain(cfg, args: argparse.Namespace) -> int:
@@ -318,10 +362,13 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     cfg.options = pretrain_options(cfg.options)
     cfg.checkpoint_every = cfg.rounds
     out = Path(args.out)
+    if out.is_dir() or out.name in ("", ".", ".."):
+        raise ConfigError(f"pretrain --out {args.out} is a directory; give the agent file's path (e.g. agent.pt)")
     run_dir = out.with_name(out.name + ".run")
     progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
-    run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
-    save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
+    with DirLock(run_dir, "pre-training run directory"):  # the run, then the agent file from its checkpoint
+        run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
+        save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
     print(f"agent file {out} (pre-training run in {run_dir})")
     return 0
 
@@ -343,14 +390,15 @@ def _dispatch_workflow(args: argparse.Namespace) -> int | None:
     if args.cmd == "sweep":
         from fedblend.cli.sweep import plan, sweep
 
-        if args.jobs < 1 or args.threads < 1:
-            raise ConfigError("--jobs and --threads must be >= 1")
-        runs = plan(args.configs, args.seeds, args.grid, args.overrides, args.out, args.threads, args.data_dir)
         if args.dry_run:
+            runs = plan(args.configs, args.seeds, args.grid, args.overrides, args.out, args.threads, args.data_dir)
             for r in runs:
                 print(f"{r.action:8s} {r.out}" + (f"  ({r.why})" if r.why else ""))
             return 0
-        return sweep(runs, args.jobs, args.out, report_plots=not args.no_plots, echo=_echo)
+        with DirLock(args.out, "sweep folder"):  # one sweep per folder; each run also locks its own directory
+            runs = plan(args.configs, args.seeds, args.grid, args.overrides, args.out, args.threads, args.data_dir,
+                        wait_busy=30.0)
+            return sweep(runs, args.jobs, args.out, report_plots=not args.no_plots, echo=_echo)
     return None
 
 
@@ -443,8 +491,39 @@ def _export_partition(cfg, fed, args: argparse.Namespace) -> None:
     raw = load_dataset(cfg.dataset, args.data_dir)
     meta = {"partition": cfg.partition.kind, "alpha": cfg.partition.alpha, "batch_size": cfg.train.batch_size,
             "balance": cfg.partition.balanced, "fedblend_split": cfg.partition.split, "fedblend_seed": cfg.seed}
-    export_pflib(raw, fed.indices, cfg.partition.split, target, meta)
+    if "val" in fed.indices:  # refused by export_pflib too; here before the folder is touched
+        from fedblend.data.partition import PartitionError
+
+        raise PartitionError("PFLlib's layout has train and test only; export a partition without validation "
+                             "data (partition.split = 'merge' or 'official')")
+    with DirLock(target, "export folder"):
+        _clear_pflib_export(Path(target))
+        export_pflib(raw, fed.indices, cfg.partition.split, target, meta)
     print(f"wrote {target}/train/*.npz, test/*.npz, config.json (PFLlib layout, {fed.num_clients} clients)")
+def _clear_pflib_export(target: Path) -> None:
+    """``--export pflib DIR`` writes into an empty folder or over an earlier PFLlib export, which is removed
+    whole first (``train/``, ``test/``, ``config.json``: no client of a larger earlier export is left behind to
+    be read back); a folder holding anything else is refused."""
+    from fedblend.rundir import LOCK_NAME
+
+    entries = sorted(e for e in os.listdir(target) if e != LOCK_NAME)
+    layout = {"train", "test", "config.json"}
+    earlier = bool(entries) and set(entries) <= layout and all(
+        (target / d).is_dir() and not (target / d).is_symlink()
+        and all(f.endswith(".npz") and (target / d / f).is_file() for f in os.listdir(target / d))
+        for d in ("train", "test") if d in entries) and not (target / "config.json").is_dir()
+    if entries and not earlier:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ConfigError(f"--export pflib {target}: the folder holds files that are not a PFLlib export ({shown}); "
+                          f"export into an empty or new folder")
+    for e in entries:
+        p = target / e
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def _deploy(cfg, args: argparse.Namespace) -> int:
     """``fedblend deploy``: the run on a loopback Flower federation (fedblend.flower.deploy)."""
     try:
@@ -457,9 +536,13 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
         raise ConfigError("deploy needs --out DIR (the results directory)")
     if args.resume and args.force:
         raise ConfigError("--resume continues the run in OUT and --force replaces it: give one of them")
+    if args.nodes > cfg.partition.num_clients:
+        raise ConfigError(f"--nodes {args.nodes} is more than the run's {cfg.partition.num_clients} clients "
+                          f"(partition.num_clients): a node would hold no client")
     if args.write_app:
-        app = write_app(cfg, args.write_app, args.out, args.data_dir, args.nodes, args.timeout, args.min_clients,
-                        args.threads, args.resume, args.force)
+        with DirLock(args.write_app, "Flower app folder"):
+            app = write_app(cfg, args.write_app, args.out, args.data_dir, args.nodes, args.timeout, args.min_clients,
+                            args.threads, args.resume, args.force)
         print(f"wrote the Flower app {app}; run it with: flwr run {app} CONNECTION --stream")
         return 0
     summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,

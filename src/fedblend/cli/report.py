@@ -29,6 +29,7 @@ import numpy as np
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import dumps, read_json_object, read_jsonl
 from fedblend.config import config_hash
+from fedblend.rundir import DirLock
 
 MARKERS = ("summary.json", "metrics.jsonl")  # a directory holding either is a run (finished or not)
 
@@ -331,7 +332,7 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
     runs = find_runs(paths)
     rows, pending = aggregate(runs), unfinished(runs)
     if not rows and not pending:
-        raise FileNotFoundError(f"no runs found under {[str(p) for p in paths]}")
+        raise ConfigError(f"no runs found under {[str(p) for p in paths]}")
     table = markdown_table(rows) + notes(rows, pending)
     cmp = None
     if compare:
@@ -339,18 +340,24 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
         cmp.update(a_label=cmp["a"], b_label=cmp["b"], a=compare[0], b=compare[1])  # the names as given
     text = table + (compare_text(cmp) if cmp else "")
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "table.md").write_text(table)
-        (out / "table.csv").write_text(csv_table(rows))
-        (out / "table.tex").write_text(latex_table(rows))
-        (out / "table.json").write_text(dumps(rows, indent=2))
-        (out / "unfinished.json").write_text(dumps(pending, indent=2))
-        if cmp:
-            (out / "compare.json").write_text(dumps(cmp, indent=2))
-            (out / "compare.md").write_text(compare_text(cmp))
-        if plots and rows:
-            plot_curves(rows, out / "accuracy.png", "acc")
-            if any(r["global_best"] != "-" for r in rows):
-                plot_curves(rows, out / "global_accuracy.png", "global_acc")
+        with DirLock(out_dir, "report folder"):
+            _write_report(Path(out_dir), table, rows, pending, cmp, plots)
     return text
+
+
+def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], cmp: dict | None, plots: bool) -> None:
+    """The report's files in ``out`` (locked by the caller); a run directory is refused (its accuracy.png)."""
+    if _is_run(out) or (out / "config.toml").exists() or (out / "checkpoint.pt").exists():
+        raise ConfigError(f"report --out {out} is a run directory; write the report to a folder of its own")
+    (out / "table.md").write_text(table)
+    (out / "table.csv").write_text(csv_table(rows))
+    (out / "table.tex").write_text(latex_table(rows))
+    (out / "table.json").write_text(dumps(rows, indent=2))
+    (out / "unfinished.json").write_text(dumps(pending, indent=2))
+    if cmp:
+        (out / "compare.json").write_text(dumps(cmp, indent=2))
+        (out / "compare.md").write_text(compare_text(cmp))
+    if plots and rows:
+        plot_curves(rows, out / "accuracy.png", "acc")
+        if any(r["global_best"] != "-" for r in rows):
+            plot_curves(rows, out / "global_accuracy.png", "global_acc")

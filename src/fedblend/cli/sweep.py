@@ -9,11 +9,21 @@ run directory is looked at:
 * ``summary.json`` of another config: refused (the line says so; use another ``--out`` or delete it);
 * ``checkpoint.pt``: resumed (``--resume``, results identical to an uninterrupted run);
 * run files but no checkpoint (killed before its first checkpoint): started again (``--force``);
-* nothing: started.
+* nothing: started;
+* locked by a process still writing it (a run of an earlier sweep that is stopping): waited for up to 30 s, then
+  ``busy``, not started (the line names the process).
 
-So a killed sweep started again with the same command finishes only the missing runs. Ctrl-C (or SIGTERM)
-interrupts the running children (each keeps its last checkpoint) and exits 130. After the runs, the
-``report`` table of everything under ``OUT`` is printed and written to ``OUT/report``.
+So a killed sweep started again with the same command finishes only the missing runs. One sweep at a time
+writes a sweep folder (it holds ``OUT``'s lock, :mod:`fedblend.rundir`; each run holds its own directory's).
+The runs die with the sweep: each is started with ``FEDBLEND_PARENT_PID`` and gets SIGTERM from the kernel when
+the sweep ends in any way, ``kill -9`` included (it then stops at its last checkpoint, like on Ctrl-C), so no
+run goes on writing alone and a restarted sweep resumes it. Ctrl-C (or SIGTERM) interrupts the running
+children (each keeps its last checkpoint) and exits 130. After the runs, the ``report`` table of everything
+under ``OUT`` is printed and written to ``OUT/report``.
+
+A sweep is refused before anything starts when two of its runs would be the same run (a seed listed twice,
+grid values that give the same config) or when ``--seeds`` is given and ``--grid`` / ``--set`` also set
+``seed``. ``--jobs`` is capped at the CPU cores.
 """
 
 from __future__ import annotations
@@ -30,8 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedblend.cli.flags import cap_at_cores
 from fedblend.common.errors import ConfigError
 from fedblend.config import config_hash, load_config, parse_value
+from fedblend.rundir import child_env, locked_by, wait_unlocked
 
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "partition.json")
 
@@ -45,7 +57,7 @@ class SweepRun:
     seed: int
     out: Path
     name: str
-    action: str = "start"  # start | resume | restart | skip | refuse
+    action: str = "start"  # start | resume | restart | skip | refuse | busy
     why: str = ""
     cmd: list[str] = field(default_factory=list)
 
@@ -92,11 +104,26 @@ def _tag(overrides: list[str]) -> str:
     return f"__{safe}" if safe else ""
 
 
+def _sets_seed(item: str) -> bool:
+    return item.split("=", 1)[0].strip() == "seed"
+
+
 def plan(configs: list[str], seeds: list[int] | None, grid: list[str], sets: list[str], out: str | Path,
-         threads: int = 1, data_dir: str | None = None) -> list[SweepRun]:
+         threads: int = 1, data_dir: str | None = None, wait_busy: float = 0.0) -> list[SweepRun]:
     """Every run of the sweep with what to do about it (validating each config with its overrides first, so a
-    bad grid value fails before anything starts)."""
+    bad grid value fails before anything starts). Refuses a sweep with two identical runs, or with ``seeds``
+    and a seed from ``grid`` / ``sets``. A run directory another process is writing is waited for up to
+    ``wait_busy`` seconds, then marked ``busy``."""
+    if seeds:
+        clash = [g for g in [*grid, *sets] if _sets_seed(g)]
+        if clash:
+            raise ConfigError(f"--seeds {' '.join(map(str, seeds))} and {clash[0]!r} both set the seed; give the seeds "
+                              f"with --seeds only")
+        dup = sorted({s for s in seeds if seeds.count(s) > 1})
+        if dup:
+            raise ConfigError(f"--seeds lists seed {dup[0]} more than once; each run would run twice")
     runs = []
+    hashes: dict[str, SweepRun] = {}
     for path in configs:
         for cell in parse_grid(grid):
             base = _load(path, [*sets, *cell])
@@ -104,7 +131,14 @@ def plan(configs: list[str], seeds: list[int] | None, grid: list[str], sets: lis
                 cfg = _load(path, [*sets, *cell, f"seed={seed}"])
                 name = Path(path).stem + _tag(cell)
                 run = SweepRun(path, [*sets, *cell], seed, Path(out) / name / f"seed{seed}", name)
-                _decide(run, config_hash(cfg.resolved()))
+                h = config_hash(cfg.resolved())
+                if h in hashes:
+                    other = hashes[h]
+                    raise ConfigError(f"two sweep runs are the same run (config hash {h}): {other.name} seed "
+                                      f"{other.seed} and {name} seed {seed}; remove the duplicate config, grid value "
+                                      f"or seed")
+                hashes[h] = run
+                _decide(run, h, wait_busy)
                 run.cmd = [sys.executable, "-m", "fedblend.cli.main", "run", path, "--out", str(run.out), "--quiet",
                            "--threads", str(threads)]
                 run.cmd += [x for o in [*run.overrides, f"seed={seed}"] for x in ("--set", o)]
@@ -127,7 +161,13 @@ def _load(path: str, overrides: list[str]):
         raise ConfigError(f"{path}{' with ' + ' '.join(overrides) if overrides else ''}: {exc}") from exc
 
 
-def _decide(run: SweepRun, want_hash: str) -> None:
+def _decide(run: SweepRun, want_hash: str, wait_busy: float = 0.0) -> None:
+    pid = wait_unlocked(run.out, wait_busy) if wait_busy > 0 else locked_by(run.out)
+    if pid is not None:
+        who = f"process {pid}" if pid else "another process"
+        run.action, run.why = "busy", (f"{who} is writing {run.out} (a run of an earlier sweep still stopping?); "
+                                       f"start the sweep again once it has exited")
+        return
     summary = run.out / "summary.json"
     if summary.exists():
         try:
@@ -168,7 +208,11 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
                  f"[done] {r.name} seed {r.seed} ({r.why}; skipped)")
         elif r.action == "refuse":
             echo(f"[REFUSED] {r.name} seed {r.seed}: {r.why}")
-    echo(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} done or refused, {len(todo)} to run, {jobs} at a time")
+        elif r.action == "busy":
+            echo(f"[BUSY] {r.name} seed {r.seed}: {r.why}")
+    jobs = max(1, min(cap_at_cores(jobs, "--jobs"), len(todo)))
+    echo(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} done, refused or busy, {len(todo)} to run, {jobs} at a "
+         f"time")
     procs: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     stopping = threading.Event()
@@ -182,8 +226,10 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
             with lock:  # no run starts once an interrupt has been seen
                 if stopping.is_set():
                     return 130
-                # its own session: a Ctrl-C reaches the children through us, once, as SIGTERM
-                p = subprocess.Popen(run.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                # its own session: a Ctrl-C reaches the children through us, once, as SIGTERM; child_env: the
+                # child gets SIGTERM from the kernel when this process dies (fedblend.rundir.die_with_parent)
+                p = subprocess.Popen(run.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=child_env())
                 procs[p.pid] = p
             rc = p.wait()
             with lock:
@@ -227,7 +273,8 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
     if done:
         echo(report([str(out)], Path(out) / "report", plots=report_plots), end="")
         echo(f"report in {Path(out) / 'report'}")
-    failed = [rc for rc in rcs if rc != 0] + [1 for r in runs if r.action == "refuse"]
+    failed = [rc for rc in rcs if rc != 0] + [1 for r in runs if r.action == "refuse"] + [
+        2 for r in runs if r.action == "busy"]
     return max(failed, default=0)
 
 

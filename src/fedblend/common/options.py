@@ -31,14 +31,15 @@ class Range:
     @classmethod
     def parse(cls, text: str) -> Range:
         text = text.strip()
-        m = re.fullmatch(r"(>=|>|<=|<)\s*(-?[\d.]+(?:e-?\d+)?)", text)
+        num = r"(-?[\d.]+(?:e-?\d+)?)"
+        m = re.fullmatch(rf"(>=|>|<=|<)\s*{num}", text)
         if m:
-            op, v = m.group(1), float(m.group(2))
+            op, v = m.group(1), _number(m.group(2))
             return cls(lo=v, lo_open=op == ">") if op[0] == ">" else cls(hi=v, hi_open=op == "<")
-        m = re.fullmatch(r"([\[(])\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*([\])])", text)
+        m = re.fullmatch(rf"([\[(])\s*{num}\s*,\s*{num}\s*([\])])", text)
         if not m:
             raise ValueError(f"not a range: {text!r}")
-        return cls(float(m.group(2)), float(m.group(3)), m.group(1) == "(", m.group(4) == ")")
+        return cls(_number(m.group(2)), _number(m.group(3)), m.group(1) == "(", m.group(4) == ")")
 
     def __contains__(self, v: float) -> bool:
         if isinstance(v, float) and not math.isfinite(v):  # nan and inf are never a valid setting
@@ -49,7 +50,7 @@ class Range:
 
     def __str__(self) -> str:
         def num(x: float) -> str:
-            return str(int(x)) if float(x).is_integer() else repr(x)
+            return str(x) if isinstance(x, int) else str(int(x)) if float(x).is_integer() else repr(x)
 
         if self.lo is not None and self.hi is not None:
             return f"{'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
@@ -58,6 +59,11 @@ class Range:
         if self.hi is not None:
             return f"{'<' if self.hi_open else '<='} {num(self.hi)}"
         return "any"
+
+
+def _number(text: str) -> int | float:
+    """A range bound: an int when written as one (exact for large bounds), else a float."""
+    return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
 
 
 def _check(value: Any, tp: Any, where: str, choices: tuple | None) -> Any:
@@ -97,6 +103,8 @@ def _check(value: Any, tp: Any, where: str, choices: tuple | None) -> Any:
     elif tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {value!r}")
+        if "\x00" in value:  # no file name, option or label holds one
+            raise ConfigError(f"{where} must not contain a NUL character, got {value!r}")
     if choices is not None and value not in choices:
         raise ConfigError(f"{where} must be one of {list(choices)}, got {value!r}")
     return value

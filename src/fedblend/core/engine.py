@@ -103,6 +103,7 @@ class Simulation:
         tree = SeedTree(seed)
         model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
         model.requires_grad_(False)
+        method.check_model(model)
         run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch

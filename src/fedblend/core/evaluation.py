@@ -25,7 +25,7 @@ class EvalProtocol:
     """What a reported accuracy means (the ``[eval]`` table of a run config)."""
 
     CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final"), "select": ("test", "val")}
-    RANGES: ClassVar[dict] = {"every": ">= 1", "batch_size": ">= 1", "clients": ">= 1", "target": "(0, 1]"}
+    RANGES: ClassVar[dict] = {"every": "[1, 1000000]", "batch_size": "[1, 1000000]", "clients": "[1, 100000]", "target": "(0, 1]"}
 
     every: int = 1  # evaluate every k rounds (and always at the last round)
     split: str = "test"  # "test" or "val"

@@ -160,6 +160,10 @@ class ClientTransform:
     def key(self) -> str:
         return self.name
 
+    def check_model(self, method: Method, model: FedModel) -> None:
+        """Refuse options that do not fit ``model`` (a :class:`ConfigError` naming the field), before the run
+        starts; called by :meth:`Method.check_model`."""
+
     def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
         raise NotImplementedError
 
@@ -232,6 +236,13 @@ class Method:
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
         """The exchanges of round ``sctx.rnd``, in order (default: one, ``"train"``)."""
         return ("train",)
+
+    def check_model(self, model: FedModel) -> None:
+        """Refuse options that do not fit ``model`` with a :class:`~fedblend.common.errors.ConfigError`; the
+        engine calls it before the server half starts, so a bad value fails up front, not in round 1 on a
+        client. The default asks the transforms."""
+        for t in self.transforms:
+            t.check_model(self, model)
 
     # ========================================================================================= server half
     def init_server(self, sctx: ServerCtx) -> State:

@@ -33,8 +33,8 @@ class TrainConfig:
     """Client optimiser settings (the ``[train]`` table of a run config)."""
 
     CHOICES: ClassVar[dict] = {"optimizer_state": ("reset", "keep")}
-    RANGES: ClassVar[dict] = {"lr": "> 0", "momentum": "[0, 1)", "weight_decay": ">= 0", "batch_size": ">= 1",
-                              "epochs": ">= 1"}
+    RANGES: ClassVar[dict] = {"lr": "> 0", "momentum": "[0, 1)", "weight_decay": ">= 0", "batch_size": "[1, 1000000]",
+                              "epochs": "[1, 10000]"}
 
     lr: float = 0.01
     momentum: float = 0.0

@@ -49,10 +49,11 @@ class PartitionSpec:
     """What to partition and how; the fields are the ``[partition]`` table of a run config."""
 
     CHOICES: ClassVar[dict] = {"kind": SPEC_KINDS, "rule": RULES, "split": SPLITS}
-    RANGES: ClassVar[dict] = {"num_clients": ">= 1", "alpha": "> 0", "classes_per_client": ">= 1",
-                              "shards_per_client": ">= 1", "samples_per_client": ">= 1", "min_samples": ">= 0",
-                              "min_test_samples": ">= 0", "max_tries": ">= 1", "train_fraction": "(0, 1)",
-                              "val_fraction": "(0, 1)", "test_per_client": ">= 1"}
+    RANGES: ClassVar[dict] = {"num_clients": "[1, 100000]", "alpha": "> 0", "classes_per_client": "[1, 100000]",
+                              "shards_per_client": "[1, 100000]", "samples_per_client": "[1, 1000000000]",
+                              "min_samples": "[0, 1000000000]", "min_test_samples": "[0, 1000000000]",
+                              "max_tries": "[1, 100000]", "train_fraction": "(0, 1)", "val_fraction": "(0, 1)",
+                              "test_per_client": "[1, 1000000000]"}
 
     kind: str = "dirichlet"
     rule: str = "pflib"

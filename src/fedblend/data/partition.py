@@ -29,13 +29,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedblend.common.errors import FedblendError, UserFileError
+from fedblend.common.errors import ConfigError, UserFileError
 
 Parts = list[np.ndarray]
 
 
-class PartitionError(FedblendError, ValueError):
-    """Partition parameters that cannot be satisfied; the message names the parameter and the fix."""
+class PartitionError(ConfigError):
+    """Partition parameters that cannot be satisfied, or a partition file that does not fit; the message names
+    the parameter and the fix. Bad input, like any :class:`ConfigError` (exit 2 on the command line)."""
 
 
 class PartitionFileError(PartitionError, UserFileError):

@@ -234,13 +234,25 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     """``fedblend deploy``: run ``cfg`` on a loopback Flower federation of ``nodes`` SuperNodes; returns the
     run's summary.json."""
     from fedblend.experiment import check_out_dir
+    from fedblend.rundir import DirLock, RunLockedError, locked_by
 
     out = Path(out).resolve()
     _bin("flower-superlink")  # the extra is installed (else a clear error before anything is written)
     check_out_dir(out, resume, force)
     if nodes < 1:
         raise DeployError(f"--nodes must be >= 1, got {nodes}")
+    holder = locked_by(out)  # the ServerApp locks OUT itself; refuse now rather than after starting Flower
+    if holder is not None:
+        raise RunLockedError(f"{out} is in use: process {holder or '?'} is writing this run directory (one writer at "
+                             f"a time)")
     work = out.parent / f".{out.name}.flower"
+    with DirLock(work, "deploy work folder"):
+        return _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
+                              run_timeout)
+
+
+def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, timeout: float, min_clients: int,
+                   threads: int, resume: bool, force: bool, run_timeout: float | None) -> dict:
     shutil.rmtree(work / "flwr-home", ignore_errors=True)
     app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force)
     with local_federation(work) as fed:
