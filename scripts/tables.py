@@ -166,23 +166,31 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         common = sorted(set(ours) & set(theirs))
         if not common:
             continue
-        diffs = [abs(ours[r] - theirs[r]) * 100 for r in common]
+        diffs = [(ours[r] - theirs[r]) * 100 for r in common]
+        worst = max(range(len(common)), key=lambda i: abs(diffs[i]))
         last = common[-1]
+        seeds = []
+        for extra in sorted(folder.glob("fedblend-seed*/metrics.jsonl")):
+            accs = {m["round"]: m["acc"] for m in map(json.loads, extra.read_text().splitlines()) if "acc" in m}
+            if last in accs:
+                seeds.append(accs[last] * 100)
         verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
         rows.append({"method": folder.name, "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
-                     "rounds": len(common), "max_diff": max(diffs), "last": last,
-                     "ours": ours[last] * 100, "theirs": theirs[last] * 100,
+                     "rounds": len(common), "max_diff": diffs[worst], "max_round": common[worst], "last": last,
+                     "ours": ours[last] * 100, "theirs": theirs[last] * 100, "other_seeds": seeds,
                      "verdict": " ".join(verdict.split())})
     return rows
 
 
 def render_validation(repo: Path = REPO) -> str:
-    lines = ["| method | reference (repository, commit) | rounds compared | max per-round difference (points) | "
-             "last round: ours / reference % | verdict |", "|---|---|---|---|---|---|"]
+    lines = ["| method | reference (repository, commit) | rounds | max per-round difference (points) | "
+             "last round: ours / reference % | other seeds (ours) % | verdict |", "|---|---|---|---|---|---|---|"]
     for r in validation_rows(repo):
-        lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:.2f} | "
-                     f"{r['ours']:.2f} / {r['theirs']:.2f} (round {r['last']}) | {r['verdict']} |")
+        seeds = " / ".join(f"{v:.2f}" for v in r["other_seeds"]) or "-"
+        lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:+.2f} "
+                     f"(round {r['max_round']}) | {r['ours']:.2f} / {r['theirs']:.2f} ({r['ours'] - r['theirs']:+.2f}) "
+                     f"| {seeds} | {r['verdict']} |")
     return "\n".join(lines)
 
 

@@ -88,9 +88,9 @@ def test_validation_row_compares_round_by_round(tmp_path, tables):
                                                        "rounds": [1, 2, 3], "acc": [0.52, 0.66, 0.805]}))
     (folder / "verdict.md").write_text("agrees\n")
     (row,) = tables.validation_rows(tmp_path)
-    assert row["max_diff"] == pytest.approx(4.0) and row["last"] == 3
+    assert row["max_diff"] == pytest.approx(4.0) and row["max_round"] == 2 and row["last"] == 3
     assert (row["ours"], row["theirs"]) == (pytest.approx(80.0), pytest.approx(80.5))
-    assert "| fedavg | TsingZ0/PFLlib @ abcdef0123 | 3 | 4.00 | 80.00 / 80.50 (round 3) | agrees |" in \
+    assert "| fedavg | TsingZ0/PFLlib @ abcdef0123 | 3 | +4.00 (round 2) | 80.00 / 80.50 (-0.50) | - | agrees |" in \
         tables.render_validation(tmp_path)
 
 

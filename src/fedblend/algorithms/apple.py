@@ -161,7 +161,7 @@ class APPLE(Method):
         lam_mu = prior_weight(ctx.rnd, self.opts.L * ctx.run.rounds, self.opts.schedule) * self.opts.mu
         x, y = ctx.data.train_x, ctx.data.train_y
         total, seen = 0.0, 0
-        for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches")):
+        for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
                                        self.opts.dr_lr, lam_mu)
             total += loss * len(idx)

@@ -17,7 +17,7 @@ from torch import nn
 
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, State, score_before_after
-from fedblend.core.training import batches, forward
+from fedblend.core.training import batches, batches_per_epoch, forward
 
 LossFn = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
 
@@ -35,15 +35,18 @@ def grad(loss: LossFn, params: Mapping[str, torch.Tensor], names: Sequence[str] 
     return {n: g.detach() for n, g in zip(names, grads)}
 
 
-def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """Index batches without end: a fresh permutation per epoch, last partial batch kept (as local SGD draws)."""
+def batch_stream(n: int, batch_size: int, generator: torch.Generator,
+                 drop_last: bool = False) -> Iterator[torch.Tensor]:
+    """Index batches without end: a fresh permutation per epoch, last partial batch kept unless ``drop_last`` (as
+    local SGD draws; with ``drop_last`` and fewer than ``batch_size`` samples there is no batch: the caller must
+    check :func:`steps_per_epochs` first)."""
     while True:
-        yield from batches(n, batch_size, 1, generator)
+        yield from batches(n, batch_size, 1, generator, drop_last)
 
 
-def steps_per_epochs(n: int, batch_size: int, epochs: int) -> int:
+def steps_per_epochs(n: int, batch_size: int, epochs: int, drop_last: bool = False) -> int:
     """Mini-batches in ``epochs`` passes over ``n`` samples."""
-    return epochs * -(-n // batch_size) if n else 0
+    return epochs * batches_per_epoch(n, batch_size, drop_last) if n else 0
 
 
 class OwnLoopMethod(Method):

@@ -120,8 +120,8 @@ class PartialFed(FedAvg):
         if all(torch.equal(glob[k], local[k]) for k in glob):
             return cstate
         x, y, bs = ctx.data.train_x, ctx.data.train_y, ctx.train.batch_size
-        steps = math.ceil(self.opts.strategy_fraction * steps_per_epochs(len(y), bs, 1))
-        stream = batch_stream(len(y), bs, ctx.tree.torch("strategy"))
+        steps = math.ceil(self.opts.strategy_fraction * steps_per_epochs(len(y), bs, 1, ctx.train.drop_last))
+        stream = batch_stream(len(y), bs, ctx.tree.torch("strategy"), ctx.train.drop_last)
         tau = self.opts.tau0 * self.opts.tau_decay ** int(cstate["rounds"])
         s, noise = dict(cstate["strategy"]), ctx.tree.torch("gumbel")
         for _ in range(steps):

@@ -86,10 +86,11 @@ class PerFedAvg(OwnLoopMethod):
         """Algorithm 1 lines 5-9: ``tau`` meta-steps on batches from the client's ``batches`` stream."""
         x, y, bs = ctx.data.train_x, ctx.data.train_y, ctx.train.batch_size
         per_step = 3 if self.opts.variant == "hf" else 2
-        tau = self.opts.local_steps or max(1, steps_per_epochs(len(y), bs, ctx.train.epochs) // per_step)
-        if len(y) == 0:
+        available = steps_per_epochs(len(y), bs, ctx.train.epochs, ctx.train.drop_last)
+        if available == 0:  # no data, or fewer samples than a batch under train.drop_last
             return params, cstate, float("nan")
-        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"))
+        tau = self.opts.local_steps or max(1, available // per_step)
+        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last)
         w, total = dict(params), 0.0
         beta = ctx.train.lr if self.opts.beta is None else self.opts.beta
         for _ in range(tau):

@@ -81,10 +81,10 @@ class PFedMe(OwnLoopMethod):
                      ) -> tuple[Params, State, float]:
         """Alg. 1 lines 5-9: R rounds of inner solve + local update; keeps ``theta`` in ``cstate["theta"]``."""
         x, y, bs = ctx.data.train_x, ctx.data.train_y, ctx.train.batch_size
-        rounds = self.opts.local_steps or steps_per_epochs(len(y), bs, ctx.train.epochs)
+        rounds = self.opts.local_steps or steps_per_epochs(len(y), bs, ctx.train.epochs, ctx.train.drop_last)
         if rounds == 0:
             return params, cstate, float("nan")
-        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"))
+        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last)
         w, theta, total = dict(params), dict(params), 0.0
         for _ in range(rounds):
             idx = next(stream)

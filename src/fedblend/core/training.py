@@ -3,7 +3,8 @@
 :func:`sgd_train` runs mini-batch SGD (PyTorch's ``SGD`` update rule, with optional momentum whose buffers are
 returned so a method can keep them in the client state) over a parameter dictionary with
 ``torch.func.functional_call``. Batches come from a passed-in generator (one random permutation per epoch, last
-partial batch kept, like ``DataLoader(shuffle=True)``).
+partial batch kept, like ``DataLoader(shuffle=True)``; ``train.drop_last = true`` drops it, like PFLlib's
+``DataLoader(shuffle=True, drop_last=True)``).
 
 A spec says *what* to train: start parameters, which tensors move (``trainable``; FedRep / FedBABU phases), how
 long (``epochs`` or ``steps``), the learning rate, the optimizer buffers to start from, and extra loss terms.
@@ -42,6 +43,7 @@ class TrainConfig:
     batch_size: int = 64
     epochs: int = 1
     optimizer_state: str = "reset"  # "keep": momentum buffers persist across rounds in the client state
+    drop_last: bool = False  # True: drop each epoch's last partial batch (PFLlib's DataLoader(drop_last=True))
 
 
 @dataclass
@@ -102,11 +104,22 @@ class TrainResult:
     samples: int
 
 
-def batches(n: int, batch_size: int, epochs: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
-    """Index batches: a fresh random permutation per epoch, last partial batch kept."""
+def batches(n: int, batch_size: int, epochs: int, generator: torch.Generator,
+            drop_last: bool = False) -> Iterable[torch.Tensor]:
+    """Index batches: a fresh random permutation per epoch, last partial batch kept (dropped with ``drop_last``:
+    then a client with fewer than ``batch_size`` samples gets no batch, as PFLlib's ``drop_last=True`` loader)."""
     for _ in range(epochs):
         perm = torch.randperm(n, generator=generator)
+        if drop_last:
+            perm = perm[: n - n % batch_size]
+            if not len(perm):
+                continue
         yield from torch.split(perm, batch_size)
+
+
+def batches_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """Mini-batches in one pass over ``n`` samples."""
+    return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
@@ -144,13 +157,14 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
         bufs = {k: v.clone() for k, v in momentum.items() if k in names}
     total, done, seen = 0.0, 0, 0
     if steps is not None:
-        epochs = math.ceil(steps / max(1, math.ceil(len(y) / bs))) if len(y) else 0
-    if len(y) == 0 or epochs <= 0 or (steps is not None and steps <= 0):
+        per_epoch = batches_per_epoch(len(y), bs, cfg.drop_last)
+        epochs = math.ceil(steps / per_epoch) if per_epoch else 0
+    if batches_per_epoch(len(y), bs, cfg.drop_last) == 0 or epochs <= 0 or (steps is not None and steps <= 0):
         return TrainResult(_detach(work), bufs or None, float("nan"), 0, 0)
     feats_needed = any(t.needs_features for t in loss_terms)
     leaves = [work[n] for n in names]
     model_params = work if feature_shift is None else {k: v for k, v in work.items() if k != feature_shift}
-    for idx in batches(len(y), bs, epochs, generator):
+    for idx in batches(len(y), bs, epochs, generator, cfg.drop_last):
         if steps is not None and done >= steps:
             break
         xb, yb = x[idx], y[idx]

@@ -34,7 +34,7 @@ from fedblend.common.params import Params
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
-from fedblend.core.training import TrainConfig, TrainResult, TrainSpec
+from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batches, batches_per_epoch
 
 
 def _scalars(term) -> dict:
@@ -86,8 +86,9 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     for _x, y, g in zip(xs, ys, gens):
         n, ep = len(y), epochs
         if first.steps is not None:
-            ep = -(-first.steps // max(1, -(-n // bs))) if n else 0
-        plan = [b for _ in range(ep) for b in torch.split(torch.randperm(n, generator=g), bs)] if n and ep > 0 else []
+            per_epoch = batches_per_epoch(n, bs, cfg.drop_last)
+            ep = -(-first.steps // per_epoch) if per_epoch else 0
+        plan = list(batches(n, bs, ep, g, cfg.drop_last)) if n and ep > 0 else []
         plans.append(plan[: first.steps] if first.steps is not None else plan)
     C, S = len(specs), max((len(p) for p in plans), default=0)
     train = {n: torch.stack([s.params[n].detach() for s in specs]).clone() for n in names}

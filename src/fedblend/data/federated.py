@@ -53,7 +53,7 @@ class PartitionSpec:
                               "shards_per_client": "[1, 100000]", "samples_per_client": "[1, 1000000000]",
                               "min_samples": "[0, 1000000000]", "min_test_samples": "[0, 1000000000]",
                               "max_tries": "[1, 100000]", "train_fraction": "(0, 1)", "val_fraction": "(0, 1)",
-                              "test_per_client": "[1, 1000000000]"}
+                              "test_per_client": "[1, 1000000000]", "pool_fraction": "(0, 1]"}
 
     kind: str = "dirichlet"
     rule: str = "pflib"
@@ -74,6 +74,7 @@ class PartitionSpec:
     path: str | None = None  # kind "indices": a PFLlib folder (train/ test/ *.npz) or a fedblend partition.json
     flwr: str | None = None  # kind "flwr": a flwr-datasets partitioner class, e.g. "DirichletPartitioner"
     flwr_options: dict | None = None  # kind "flwr": its keyword arguments, e.g. {alpha = 0.1}
+    pool_fraction: float = 1.0  # keep a seeded uniform random share of the pool before drawing (cheap runs)
 
     def validate(self, where: str) -> None:
         for kind, name in (("indices", "path"), ("flwr", "flwr")):
@@ -81,6 +82,10 @@ class PartitionSpec:
                 raise ConfigError(f"{where}.kind = {kind!r} needs {where}.{name}")
             if self.kind != kind and getattr(self, name) is not None:
                 raise ConfigError(f"{where}.{name} applies only to {where}.kind = {kind!r}, got kind {self.kind!r}")
+        if self.pool_fraction != 1.0 and (self.kind in ("indices", "flwr", "domains") or self.split == "official"):
+            raise ConfigError(f"{where}.pool_fraction subsamples the merged pool before a partition is drawn: it "
+                              f"needs a kind drawn by fedblend (not indices / flwr / domains) and split 'merge' or "
+                              f"'train_val_test', got kind {self.kind!r}, split {self.split!r}")
         if self.flwr_options is not None and self.kind != "flwr":
             raise ConfigError(f"{where}.flwr_options applies only to {where}.kind = 'flwr'")
         if self.split == "train_val_test" and self.train_fraction + self.val_fraction >= 1:
@@ -227,12 +232,19 @@ def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree
     elif spec.kind == "domains":
         train_parts, test_parts = _domain_parts(raw, spec, tree), None
     else:
+        keep = None
+        if spec.pool_fraction < 1.0:  # a seeded uniform subset of the pool, then the partition is drawn on it
+            size = max(spec.num_clients, int(round(spec.pool_fraction * len(pool_y))))
+            keep = np.sort(tree.numpy("pool-subsample").choice(len(pool_y), size=size, replace=False))
+            pool_y = pool_y[keep]
         train_parts, test_parts = partition(
             pool_y, spec.num_clients, spec.kind, lambda a: tree.numpy("draw", a), num_classes=raw.num_classes,
             rule=spec.rule, alpha=spec.alpha, classes_per_client=spec.classes_per_client,
             shards_per_client=spec.shards_per_client, samples_per_client=spec.samples_per_client,
             balanced=spec.balanced, min_samples=spec.min_samples, max_tries=spec.max_tries,
             test_labels=raw.test_y if want_joint_test else None, min_test_samples=min_test if official else 0)
+        if keep is not None:  # back to indices into the whole pool
+            train_parts = [keep[np.asarray(p, dtype=np.int64)] for p in train_parts]
     if official:
         if test_parts is None:
             test_parts = split_like(train_parts, raw.train_y, raw.test_y, tree.numpy("test"), raw.num_classes,
