@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.clustering import (
+from fedblend.algorithms.fedalp import clustering_report, global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.parts.clustering import (
     adjusted_rand_index,
     cosine_similarity,
     cut,
@@ -19,7 +20,6 @@ from fedblend.algorithms.clustering import (
     ward_groups,
     ward_linkage,
 )
-from fedblend.algorithms.fedalp import clustering_report, global_from_groups, layer_weights, mix_by_layer
 from fedblend.common.options import ConfigError
 from fedblend.common.params import flatten
 from fedblend.common.rng import SeedTree

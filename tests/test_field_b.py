@@ -7,8 +7,8 @@ from torch import nn
 
 from fedblend.algorithms import build_method
 from fedblend.algorithms.fedfomo import fomo_update, fomo_weights, select_models
-from fedblend.algorithms.ownloop import batch_loss, grad
 from fedblend.algorithms.partialfed import gumbel_relax, mix, partial_load, strategy_step
+from fedblend.algorithms.parts.ownloop import batch_loss, grad
 from fedblend.algorithms.perfedavg import meta_step
 from fedblend.algorithms.pfedme import inner_solve, local_step, server_mix
 from fedblend.common.params import weighted_average

@@ -16,12 +16,8 @@ from fedblend.algorithms.apple import apple_step, data_prior, mixture, prior_wei
 from fedblend.algorithms.fedamp import attention_weights
 from fedblend.algorithms.fedgh import header_step
 from fedblend.algorithms.fedphp import FedPHPOptions, hpm_momentum, mmd, moving_average, transfer_loss
-from fedblend.algorithms.fedproto import (
-    average_prototypes,
-    class_prototypes,
-    prototype_head,
-    prototype_loss,
-)
+from fedblend.algorithms.fedproto import average_prototypes, prototype_head, prototype_loss
+from fedblend.algorithms.parts.prototypes import class_prototypes
 from fedblend.core.training import Batch
 from tests.helpers import run_client, same_state, tiny_sim, train_message, without_timings
 

@@ -16,8 +16,8 @@ from fedblend.algorithms.fedpac import (
 from fedblend.algorithms.pfedhn import PFedHNOptions, generate, hypernet_grads, init_hypernet
 from fedblend.algorithms.pfedla import PFedLAOptions, groups, layer_weights, layerwise_aggregate
 from fedblend.algorithms.pfedla import init_hypernet as la_init
-from fedblend.algorithms.rl.nets import sgd_init, sgd_step
 from fedblend.common.params import weighted_average
+from fedblend.core.optim import sgd_init, sgd_step
 from fedblend.core.training import Batch, TrainConfig, sgd_train
 from fedblend.models.zoo import MLP
 from tests.helpers import run_client, tiny_sim, train_message, without_timings
@@ -100,7 +100,7 @@ def test_pfedla_layerwise_aggregation_with_given_alphas():
 
 
 def test_pfedla_hypernetwork_gradient_is_the_chain_rule_and_descends():
-    from fedblend.algorithms.hypernet import proxy_cotangent, vjp
+    from fedblend.algorithms.parts.hypernet import proxy_cotangent, vjp
 
     g = torch.Generator().manual_seed(3)
     thetas = {"a.weight": torch.randn(3, 2, 2, generator=g), "b.bias": torch.randn(3, 4, generator=g)}

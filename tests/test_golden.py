@@ -1,7 +1,8 @@
 """Refactors do not move results: the synthetic runs of every method and method+transform (the first eleven
 recorded before the message-based interface, the others before issue 22's refactor, all by
-``tests/golden/record_synthetic.py``) are reproduced, every round and field except wall-clock times. The real-data benchmark goldens (``tests/golden/benchmarks``) are checked by
-``scripts/golden.py check`` (too slow for the default suite).
+``tests/golden/record_synthetic.py``) are reproduced, every round and field except wall-clock times. The
+real-data benchmark goldens (``tests/golden/benchmarks``) are checked by ``scripts/golden.py check`` (too slow
+for the default suite).
 
 The goldens were recorded on one CPU and are checked on whatever CPU runs the suite, so floats are compared with
 the cross-machine tolerance of ``fedblend.common.histories`` and everything discrete exactly (bit-equality holds

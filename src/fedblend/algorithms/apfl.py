@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params, clone, flatten
+from fedblend.common.params import Params, clone, flatten, unflatten
 from fedblend.core.method import ClientCtx, Message, Method, State
 from fedblend.core.training import LossTerm, TrainResult
 
@@ -59,13 +60,7 @@ class APFLOptions:
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
     """Eq. 3: ``v_bar = alpha v + (1 - alpha) w`` over ``glob``'s tensors."""
-    return {n: alpha * local[n] + (1 - alpha) * w for n, w in glob.items()}
-
-
-def unflatten(flat: torch.Tensor, like: Params) -> Params:
-    """The flat vector ``flat`` cut into tensors shaped as ``like``'s, in its order."""
-    parts = torch.split(flat, [t.numel() for t in like.values()])
-    return {n: p.view_as(t) for (n, t), p in zip(like.items(), parts)}
+    return interpolate(local, glob, alpha, names=glob)
 
 
 def mixture_loss(params: Params, batch, model, names: list[str]) -> torch.Tensor:

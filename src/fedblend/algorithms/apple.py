@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.fedapa import aggregate_row
+from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone, stack_copies, with_rows
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
@@ -119,9 +119,9 @@ class APPLE(Method):
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         """Every stored core starts at the common initial model; sizes are learned from the replies."""
-        m, init = sctx.run.num_clients, sctx.run.init_params
-        dev = next(iter(init.values())).device
-        return {"cores": stack_copies(init, m), "sizes": torch.zeros(m, dtype=torch.float64, device=dev)}
+        m = sctx.run.num_clients
+        return {"cores": stack_copies(sctx.run.init_params, m),
+                "sizes": torch.zeros(m, dtype=torch.float64, device=sctx.run.device)}
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """Every client's core (one record each) and the prior p0."""

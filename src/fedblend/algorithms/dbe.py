@@ -37,6 +37,7 @@ from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, score_before_after
@@ -78,18 +79,6 @@ def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:
     return {**params, f"{first}.bias": c + w @ bias.to(w.dtype)}
 
 
-@torch.no_grad()
-def feature_mean(model: FedModel, params: Params, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    """``zbar_i^g = E f(x)`` over ``x`` (the client's training data)."""
-    from torch.func import functional_call
-
-    total = None
-    for i in range(0, len(x), batch_size):
-        f = functional_call(model, params, (x[i:i + batch_size],), {"part": "features"}).sum(0)
-        total = f if total is None else total + f
-    return total / max(len(x), 1)
-
-
 # ------------------------------------------------------------------------------------------------ the method
 @register_method
 class DBE(Method):
@@ -124,9 +113,8 @@ class DBE(Method):
     def init_client(self, ctx: ClientCtx) -> State:
         state = super().init_client(ctx)
         if self.opts.prbm:
-            with torch.no_grad():
-                dim = feature_mean(ctx.model, ctx.run.init_params, ctx.data.train_x[:1]).numel()
-            state["prbm"] = torch.zeros(dim, device=ctx.run.init_params[next(iter(ctx.run.init_params))].device)
+            dim = feature_mean(ctx.model, ctx.run.init_params, ctx.data.train_x[:1]).numel()
+            state["prbm"] = torch.zeros(dim, device=ctx.run.device)
         return state
 
     def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:

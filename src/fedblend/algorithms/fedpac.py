@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch.func import functional_call
 
+from fedblend.algorithms.parts.features import features_of
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, select, weighted_average
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, RunInfo, ServerCtx, State, score_before_after
@@ -73,8 +73,7 @@ def alignment_loss(params: Params, batch: Batch, centroids: torch.Tensor, has: t
 def feature_statistics(model, params: Params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
     """Per-class counts, class means ``mu_k`` (zeros where absent), ``h_k = p(k) mu_k`` and ``V`` (Sec. 4.3)."""
-    feats = torch.cat([functional_call(model, params, (x[i:i + batch_size],), {"part": "features"})
-                       for i in range(0, len(x), batch_size)]).double()
+    feats = features_of(model, params, x, batch_size).double()
     d = feats.shape[1]
     counts = torch.bincount(y, minlength=num_classes).double()
     sums = torch.zeros(num_classes, d, dtype=torch.float64, device=feats.device).index_add_(0, y, feats)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.fedavg import FedAvg
+from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, ClientWork, Message, State
@@ -69,7 +70,7 @@ def hpm_momentum(opts: FedPHPOptions, joins: int, rnd: int, rounds: int) -> floa
 
 def moving_average(hpm: Params, trained: Params, mu_t: float) -> Params:
     """The HPM update ``v <- mu_t v + (1 - mu_t) w``."""
-    return {k: (mu_t * hpm[k] + (1.0 - mu_t) * trained[k]).detach() for k in hpm}
+    return {k: v.detach() for k, v in interpolate(hpm, trained, mu_t).items()}
 
 
 def gaussian_kernels(a: torch.Tensor, b: torch.Tensor, bandwidths: tuple[float, ...] | None) -> torch.Tensor:

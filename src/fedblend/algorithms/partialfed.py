@@ -35,7 +35,7 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.fedavg import FedAvg
-from fedblend.algorithms.ownloop import batch_loss, batch_stream, grad, steps_per_epochs
+from fedblend.algorithms.parts.ownloop import batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientWork, Message, State

@@ -5,7 +5,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
 * ``"upload"`` (Alg. 1 line 3): each selected client uploads its current model (its model after its last local
   training; paper Sec. 3: before their first round clients train the initial model locally,
   ``initial_training``) with its data size and ``acc_pre``, the accuracy of that model on its validation split.
-  The server embeds the heads (line 4, :mod:`fedblend.algorithms.rl.embedding`) and, for every selected ``k``,
+  The server embeds the heads (line 4, :mod:`fedblend.algorithms.parts.rl.embedding`) and, for every selected ``k``,
   forms the agent state ``S_k = [e_k' for k' in K'] + [e_k]`` (Alg. 2 line 3) and the action ``A_k`` (line 4).
 * ``"train"`` (Alg. 1 lines 5-13): the server sends ``k`` its personalized model (Alg. 2):
   body ``Psi_k = rho_k Psi_k + sum_k' rho_k' Psi_k'`` with ``rho = d / (d_k + sum d_k')`` (lines 1-2), head
@@ -13,7 +13,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
   validation split (``acc_agg``), trains it locally, and replies. The server computes the reward (Eq. 1)
   ``R = b1 r1 + b2 r2 + b3 r3``, ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``,
   ``r3 = -||A_k - V_k||^2`` with ``V_k`` of Eq. 2, stores ``(S_k, A_k, R)`` in the replay buffer and, on the
-  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.rl.ddpg`) and the embedding network.
+  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.parts.rl.ddpg`) and the embedding network.
   ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
 
 What ``K'`` stores (``storage``): ``"uploads"`` (default, Alg. 1 lines 3 and 9): the models the previous
@@ -38,8 +38,8 @@ from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.parts.rl import ddpg, embedding
 from fedblend.algorithms.registry import register_method
-from fedblend.algorithms.rl import ddpg, embedding
 from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, layer_of, weighted_average
 from fedblend.core.evaluation import evaluate_params

@@ -34,6 +34,7 @@ from fedblend.common.params import Params
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
+from fedblend.core.optim import sgd_direction
 from fedblend.core.training import TrainConfig, TrainResult, TrainSpec
 
 
@@ -133,14 +134,11 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             for n in names:
                 shape = (C,) + (1,) * (train[n].dim() - 1)
                 a = act.view(shape)
-                g = grads[n]
-                if cfg.weight_decay:
-                    g = g + cfg.weight_decay * train[n]
+                g = sgd_direction(grads[n], train[n], bufs.get(n), cfg.momentum, cfg.weight_decay,
+                                  ~has_buf[n].view(shape))
                 if use_mom:
-                    b = torch.where(has_buf[n].view(shape), cfg.momentum * bufs[n] + g, g)
-                    bufs[n] = torch.where(a, b, bufs[n])
+                    bufs[n] = torch.where(a, g, bufs[n])
                     has_buf[n] |= act
-                    g = b
                 train[n] = torch.where(a, train[n] - lr * g, train[n])
             sizes = mask.sum(1).double().cpu()
             totals += losses.detach().double().cpu() * sizes
