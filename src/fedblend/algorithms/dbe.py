@@ -40,8 +40,8 @@ import torch
 from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, weighted_average
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, score_before_after
-from fedblend.core.training import Batch, LossTerm
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.training import Batch, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
 PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters (not a model parameter)
@@ -117,31 +117,33 @@ class DBE(Method):
             state["prbm"] = torch.zeros(dim, device=ctx.run.device)
         return state
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """The FedAvg template with DBE's forward pass and loss once the global mean is known (after the
-        initialisation period): the bias is a trained entry of the spec, added to the features before the head."""
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        gmean = msg.params("dbe").get("global_mean")
-        active = gmean is not None
-        score_before_after("bp", self._personal(params, cstate, ctx, active), msg, ctx)
+    @staticmethod
+    def _active(msg: Message) -> bool:
+        """DBE's forward and loss apply once the global mean is known (after the initialisation period)."""
+        return msg.params("dbe").get("global_mean") is not None
+
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """One spec with DBE's forward pass: the bias is a trained entry of the spec, added to the features
+        before the head; the result's ``params`` are the model without it (the bias goes to the state)."""
         spec = self.train_spec(params, msg, cstate, ctx)
-        if active and self.opts.prbm:
+        if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
             spec.feature_shift = PRBM
         res = yield spec
-        trained = {k: v for k, v in res.params.items() if k != PRBM}
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
-        score_before_after("ap", self._personal(trained, cstate, ctx, active), msg, ctx)
         cstate = self.record_training(res, cstate, ctx)
-        if self.keeps_model:
-            cstate = {**cstate, "params": trained}
-        for t in self.transforms:
-            cstate = t.after_train(self, trained, cstate, ctx)
-        reply = self.reply(trained, cstate, ctx)
-        reply.arrays["dbe"] = {"client_mean": feature_mean(ctx.model, trained, ctx.data.train_x)}
-        return reply, cstate
+        trained = {k: v for k, v in res.params.items() if k != PRBM}
+        return TrainResult(trained, res.momentum, res.mean_loss, res.steps, res.samples), cstate
+
+    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        return self._personal(params, cstate, ctx, self._active(msg))
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """FedAvg's reply and ``zbar_i^g``, the client's mean feature under the trained model."""
+        reply = super().reply(res, msg, cstate, ctx)
+        reply.arrays["dbe"] = {"client_mean": feature_mean(ctx.model, res.params, ctx.data.train_x)}
+        return reply
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         gmean = msg.params("dbe").get("global_mean")

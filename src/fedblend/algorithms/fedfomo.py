@@ -38,7 +38,8 @@ import torch
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
 from fedblend.core.evaluation import evaluate_params
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.training import TrainResult
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ class FedFomo(Method):
         ctx.stats["fomo_weights"] = weights.tolist()
         return fomo_update(own, models, weights)
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        reply, cstate = yield from super().client_train(msg, cstate, ctx)
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
+        reply = super().reply(res, msg, cstate, ctx)
         reply.config = {"ids": list(msg.config.get("ids", [])), "weights": ctx.stats.pop("fomo_weights")}
-        return reply, cstate
+        return reply

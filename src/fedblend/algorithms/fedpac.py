@@ -34,10 +34,11 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.parts.features import features_of
+from fedblend.algorithms.parts.prototypes import num_classes
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, select, weighted_average
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, RunInfo, ServerCtx, State, score_before_after
-from fedblend.core.training import Batch, LossTerm
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.training import Batch, LossTerm, TrainResult
 
 
 @dataclass(frozen=True)
@@ -186,13 +187,9 @@ class FedPAC(Method):
         return {**server, "global": glob, "heads": new_heads, "centroids": cent, "has": has}
 
     # ------------------------------------------------------------------------------------------ client
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Statistics on the received model, classifier epoch(s), body epochs with the alignment term, upload."""
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        ncls = int(ctx.run.init_params[self.head_names(ctx.run)[-1]].shape[0])
-        before = feature_statistics(ctx.model, params, ctx.data.train_x, ctx.data.train_y, ncls)
-        score_before_after("bp", params, msg, ctx)
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """Statistics of the model trained from, classifier epoch(s), then body epochs with the alignment term."""
+        before = feature_statistics(ctx.model, params, ctx.data.train_x, ctx.data.train_y, num_classes(ctx.run))
         head, body = self.head_names(ctx.run), ctx.run.model.body_names()
         if self.opts.head_epochs:
             res = yield self.train_spec(params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
@@ -200,16 +197,17 @@ class FedPAC(Method):
             cstate = self.record_training(res, cstate, ctx)
             params = res.params
         res = yield self.train_spec(params, msg, cstate, ctx, trainable=body)
-        score_before_after("ap", res.params, msg, ctx)
-        cstate = self.record_training(res, cstate, ctx)
-        cstate = {**cstate, "params": res.params}
-        for t in self.transforms:
-            cstate = t.after_train(self, res.params, cstate, ctx)
-        after = feature_statistics(ctx.model, res.params, ctx.data.train_x, ctx.data.train_y, ncls)
-        reply = self.reply(res.params, cstate, ctx)
+        res.extras["before"] = before
+        return res, self.record_training(res, cstate, ctx)
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """Body and head, ``V_i`` and ``h_i`` of the model trained from, class centroids of the trained model."""
+        before = res.extras["before"]
+        after = feature_statistics(ctx.model, res.params, ctx.data.train_x, ctx.data.train_y, num_classes(ctx.run))
+        reply = super().reply(res, msg, cstate, ctx)
         reply.arrays["fedpac"] = {"V": before["V"], "h": before["h"], "protos": after["mu"],
                                   "counts": after["counts"].float()}
-        return reply, cstate
+        return reply
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         rec = msg.params("fedpac")

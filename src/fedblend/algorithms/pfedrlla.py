@@ -44,6 +44,7 @@ from fedblend.common.options import ConfigError
 from fedblend.common.params import Params, layer_of, weighted_average
 from fedblend.core.evaluation import evaluate_params
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
 
 AGENT_FORMAT = "fedblend-pfedrlla-agent/1"
@@ -203,6 +204,15 @@ class PFedRLLA(Method):
              "(pFedRLLA, ICLR 2024 submission)")
     eval_model = "each client's current model (its personalized model after its last local training)"
     has_global = False
+    pretrainable = True  # App. D: the agent is pre-trained on a run whose bodies stay local
+
+    @classmethod
+    def pretrain_options(cls, options: Mapping) -> dict:
+        return pretrain_options(options)
+
+    @classmethod
+    def save_pretrained(cls, server: State, path: str | Path) -> Path:
+        return save_agent(server, path)
 
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
         return ("upload", "train")
@@ -392,14 +402,19 @@ class PFedRLLA(Method):
         acc = validation_accuracy(ctx.model, cstate["params"], ctx.data)
         return Message({"params": cstate["params"]}, {"num_samples": ctx.data.num_train, "acc_pre": acc}), cstate
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Score the received model (``acc_agg``, Eq. 1b-1c), then train it locally (Alg. 1 line 12)."""
-        acc = validation_accuracy(ctx.model, msg.params(), ctx.data)
-        reply, cstate = yield from super().client_train(msg, cstate, ctx)
-        reply.metrics["acc_agg"] = acc
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """Train the received model locally (Alg. 1 line 12)."""
+        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
+        return res, {**cstate, "trained": True}
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The trained model (none with ``storage = "uploads"``) and the received model's score ``acc_agg``
+        (Eq. 1b-1c; the received model is not changed by training, so scoring it here equals scoring it first)."""
+        reply = super().reply(res, msg, cstate, ctx)
+        reply.metrics["acc_agg"] = validation_accuracy(ctx.model, msg.params(), ctx.data)
         if self.opts.storage == "uploads":
             reply.arrays = {}
-        return reply, {**cstate, "trained": True}
+        return reply
 
 
 def pretrain_options(options: Mapping) -> dict:

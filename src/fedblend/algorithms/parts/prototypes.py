@@ -8,6 +8,7 @@ import torch
 from fedblend.algorithms.parts.features import features_of
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, State
+from fedblend.core.training import TrainResult
 
 PROTOS = "protos"  # message record: {str(class): prototype vector}
 COUNTS = "class_counts"  # reply metric: {str(class): samples of that class}
@@ -42,6 +43,6 @@ class PrototypeUpload(Method):
     def shared_names(self, run: RunInfo) -> list[str]:
         return []  # no parameter goes up
 
-    def reply(self, params: Params, cstate: State, ctx: ClientCtx) -> Message:
-        protos, counts = local_prototypes(params, ctx)
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        protos, counts = local_prototypes(res.params, ctx)
         return Message({PROTOS: protos}, {"num_samples": ctx.data.num_train, COUNTS: counts})

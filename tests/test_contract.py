@@ -1,0 +1,61 @@
+"""The client template is closed and every method goes through it (DESIGN principle 11, issue #22).
+
+No registered method re-types ``Method.client_train``: variation goes through the hooks (``before_training``,
+``client_init``, ``scored_params``, ``local_training``, ``reply``). So every cross-cutting client concern holds for
+every method at once: each reports the before / after local training scores under ``eval.before_after``, and each
+either honours a client transform (it runs in every training exchange) or refuses it with an error naming why.
+"""
+
+import pytest
+
+from fedblend.algorithms import METHODS, TRANSFORMS, build_method
+from fedblend.core.engine import Simulation
+from fedblend.core.evaluation import EvalProtocol
+from fedblend.core.method import ClientTransform
+from fedblend.core.sampling import SamplingConfig
+from fedblend.core.training import TrainConfig
+from tests.test_shared_suite import SPECS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_no_method_retypes_the_client_template(name):
+    owners = [k.__name__ for k in METHODS[name].__mro__ if "client_train" in vars(k)]
+    assert owners == ["Method"], f"{name}: client_train defined by {owners}; use the template's hooks"
+
+
+def ba_sim(fed, spec: str, rounds: int = 2) -> Simulation:
+    return Simulation.create(build_method(spec), fed, "mlp", TrainConfig(lr=0.05, batch_size=16), rounds, 1,
+                             SamplingConfig(join_ratio=0.75), EvalProtocol(before_after=True))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_method_reports_before_and_after_scores(spec, tiny_fed):
+    sim = ba_sim(tiny_fed, spec)
+    sim.run()
+    for m in sim.history:
+        assert 0.0 <= m["bp_acc"] <= 1.0 and 0.0 <= m["ap_acc"] <= 1.0, (spec, m)
+
+
+class Probe(ClientTransform):
+    """Counts, in the client state, the training exchanges it was applied in (and changes nothing)."""
+
+    name = "probe"
+
+    def apply(self, method, params, cstate, ctx):
+        return params, {**cstate, "probe": cstate.get("probe", 0) + 1}
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypatch):
+    monkeypatch.setitem(TRANSFORMS, "probe", Probe)
+    if not METHODS[name].accepts_transforms:
+        with pytest.raises(ValueError, match=f"{name} trains from a model of its own"):
+            build_method(f"{name}+probe")
+        return
+    sim = ba_sim(tiny_fed, f"{name}+probe", rounds=3)
+    sim.run()
+    trained = sum(len(m["selected"]) for m in sim.history)
+    assert sum(s.get("probe", 0) for s in sim.store.states.values()) == trained
+
