@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.fedalp import clustering_report, global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.fedalp import global_from_groups, layer_weights, mix_by_layer
 from fedblend.algorithms.parts.clustering import (
     adjusted_rand_index,
+    clustering_report,
     cosine_similarity,
     cut,
     leaf_order,

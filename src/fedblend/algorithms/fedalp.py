@@ -273,37 +273,3 @@ class FedALP(Method):
         """``W_new`` of the client's group (or the raw group model ``w_m`` with ``local_model = "group"``); the
         global model before clustering (both arrive in the evaluation message)."""
         return msg.arrays.get("personal") or msg.params()
-
-
-# --------------------------------------------------------------------------------------------- diagnostics
-def clustering_report(record: Mapping, train_counts: Sequence[Sequence[int]]) -> dict:
-    """What the users of FedALP want to see about one clustering (a record of ``server["clusterings"]``):
-
-    the group of each client against its dominant training class, the adjusted Rand index of the groups against
-    the dominant-class groups, the group-by-class contingency table, the per-group layer weights ``Psi_m`` and
-    ``delta_m / max(delta_m)``, and the client order (by group, then dominant class) for plotting ``rho``.
-    ``train_counts`` is the per-client class-count matrix (``partition.json``'s ``train_counts``).
-    """
-    cids = list(record["clients"])
-    labels = np.asarray(record["labels"])
-    counts = np.asarray(train_counts)
-    dominant = counts[cids].argmax(1)
-    num_groups, num_classes = int(labels.max()) + 1, counts.shape[1]
-    table = np.zeros((num_groups, num_classes), dtype=np.int64)
-    np.add.at(table, (labels, dominant), 1)
-    order = sorted(range(len(cids)), key=lambda i: (labels[i], dominant[i], cids[i]))
-    return {
-        "round": record["round"],
-        "clients": cids,
-        "group": labels.tolist(),
-        "dominant_class": dominant.tolist(),
-        "ari_vs_dominant_class": clustering.adjusted_rand_index(labels, dominant),
-        "group_by_class": table.tolist(),
-        "group_sizes": record["group_sizes"],
-        "psi": record["psi"],
-        "delta_rel": record["delta_rel"],
-        "beta": record["beta"],
-        "similarity": record["similarity"],
-        "linkage_input": record["linkage_input"],
-        "order_by_group": [cids[i] for i in order],
-    }
