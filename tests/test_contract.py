@@ -2,18 +2,25 @@
 
 No registered method re-types ``Method.client_train``: variation goes through the hooks (``before_training``,
 ``client_init``, ``scored_params``, ``local_training``, ``reply``). So every cross-cutting client concern holds for
-every method at once: each reports the before / after local training scores under ``eval.before_after``, and each
-either honours a client transform (it runs in every training exchange) or refuses it with an error naming why.
+every method at once: each reports the before / after local training scores under ``eval.before_after`` on the
+sequential and the vmap backend (which agree within float reassociation; the process backend's bit-equality is
+``tests/test_shared_suite.py``'s), and each either honours a client transform (it runs in every training exchange)
+or refuses it with an error naming why.
 """
+
+import warnings
 
 import pytest
 
 from fedblend.algorithms import METHODS, TRANSFORMS, build_method
+from fedblend.common.histories import diff_histories
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import ClientTransform
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
+from fedblend.core.vmap import VmapBackend
+from tests.helpers import without_timings
 from tests.test_shared_suite import SPECS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,17 +32,25 @@ def test_no_method_retypes_the_client_template(name):
     assert owners == ["Method"], f"{name}: client_train defined by {owners}; use the template's hooks"
 
 
-def ba_sim(fed, spec: str, rounds: int = 2) -> Simulation:
+def ba_sim(fed, spec: str, rounds: int = 2, backend=None) -> Simulation:
     return Simulation.create(build_method(spec), fed, "mlp", TrainConfig(lr=0.05, batch_size=16), rounds, 1,
-                             SamplingConfig(join_ratio=0.75), EvalProtocol(before_after=True))
+                             SamplingConfig(join_ratio=0.75), EvalProtocol(before_after=True), backend=backend)
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_every_method_reports_before_and_after_scores(spec, tiny_fed):
-    sim = ba_sim(tiny_fed, spec)
-    sim.run()
-    for m in sim.history:
-        assert 0.0 <= m["bp_acc"] <= 1.0 and 0.0 <= m["ap_acc"] <= 1.0, (spec, m)
+def test_every_method_reports_before_and_after_scores_on_sequential_and_vmap(spec, tiny_fed):
+    """Both backends drive the same template, so both report bp/ap, and vmap's batched training agrees with the
+    sequential one up to float reassociation (where it falls back to one by one, exactly)."""
+    runs = []
+    for backend in (None, VmapBackend()):
+        sim = ba_sim(tiny_fed, spec, backend=backend)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the one-by-one notice
+            sim.run()
+        for m in sim.history:
+            assert 0.0 <= m["bp_acc"] <= 1.0 and 0.0 <= m["ap_acc"] <= 1.0, (spec, m)
+        runs.append(without_timings(sim.history))
+    assert diff_histories(runs[0], runs[1], rel=1e-4, abs_=1e-6) == []
 
 
 class Probe(ClientTransform):

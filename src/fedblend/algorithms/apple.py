@@ -148,9 +148,9 @@ class APPLE(Method):
     # ------------------------------------------------------------------------------------------ client
     def init_client(self, ctx: ClientCtx) -> State:
         m = ctx.run.num_clients
-        ref = next(iter(ctx.run.init_params.values()))
+        dtype = next(iter(ctx.run.init_params.values())).dtype
         return {"core": clone(ctx.run.init_params), "params": clone(ctx.run.init_params),
-                "dr": torch.full((m,), 1.0 / m, dtype=ref.dtype, device=ref.device)}
+                "dr": torch.full((m,), 1.0 / m, dtype=dtype, device=ctx.run.device)}
 
     @staticmethod
     def received_cores(msg: Message, ctx: ClientCtx) -> dict[str, torch.Tensor]:
