@@ -78,6 +78,7 @@ class APFL(Method):
     options_cls = APFLOptions
     paper = "Deng, Kamani and Mahdavi, Adaptive Personalized Federated Learning, arXiv:2003.13461, 2020"
     eval_model = "the aggregated global model (what each client receives)"
+    evaluates_received_model = True  # the global side w of the mixture: the received global model (as FedAvg)
     client_keeps_model = False  # w restarts from the received model; v_i and alpha_i are kept under "apfl"
 
     def init_client(self, ctx: ClientCtx) -> State:
@@ -99,10 +100,6 @@ class APFL(Method):
         cstate = {**cstate, "apfl": {"v": v, "alpha": alpha}}
         w = {n: res.params[n] for n in names}
         return TrainResult(w, res.momentum, res.mean_loss, res.steps, res.samples), cstate
-
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The global side ``w`` of the mixture: the received global model (as FedAvg)."""
-        return self.client_init(msg, cstate, ctx)
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Eq. 3: ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the received global model, or, with a transform

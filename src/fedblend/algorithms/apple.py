@@ -113,6 +113,7 @@ class APPLE(Method):
     options_cls = APPLEOptions
     paper = "Luo & Wu, Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning, IJCAI 2022"
     eval_model = "each client's mixture of cores by its DR vector after its last local step (Eq. 2)"
+    evaluates_own_model = True  # the client evaluates its own mixture
     has_global = False
     client_own_loop = True
     #: the client trains its core and DR vector through a mixture of every client's core: a transform's change of
@@ -132,10 +133,6 @@ class APPLE(Method):
         arrays = {core_record(j): {n: t[j] for n, t in server["cores"].items()} for j in range(m)}
         arrays["prior"] = {"p0": data_prior(server["sizes"]).float()}
         return Message(arrays)
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: the client evaluates its own mixture."""
-        return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Store every upload as that client's core, and its data size (for the prior)."""

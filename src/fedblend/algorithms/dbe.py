@@ -88,6 +88,7 @@ class DBE(Method):
              "NeurIPS 2023")
     eval_model = ("the received global model with the client's own representation bias zbar_i^p (PRBM) added to "
                   "its features")
+    evaluates_received_model = True  # the received global model (the bias is added in eval_params, after any transform)
     client_keeps_model = False
 
     # ------------------------------------------------------------------------------------------ server
@@ -153,10 +154,6 @@ class DBE(Method):
         if not (active and self.opts.prbm and "prbm" in cstate):
             return params
         return fold_bias(ctx.model, params, cstate["prbm"])
-
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received global model (the bias is added in :meth:`eval_params`, after any transform)."""
-        return self.client_init(msg, cstate, ctx)
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The received global model (after transforms, e.g. ALA's blend) with the client's bias ``zbar_i^p``

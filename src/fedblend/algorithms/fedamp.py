@@ -78,6 +78,7 @@ class FedAMP(Method):
     options_cls = FedAMPOptions
     paper = "Huang et al., Personalized Cross-Silo Federated Learning on Non-IID Data (FedAMP), AAAI 2021"
     eval_model = "each client's own model after its last local training (w_i of Eq. 8)"
+    evaluates_own_model = True  # a client evaluates its own model
     has_global = False
 
     # ------------------------------------------------------------------------------------------ server
@@ -95,10 +96,6 @@ class FedAMP(Method):
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         return Message({"params": self.cloud_model(server, cid)})
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own model."""
-        return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Store every upload as that client's w_j."""

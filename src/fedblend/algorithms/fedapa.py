@@ -150,6 +150,7 @@ class FedAPA(Method):
              "Learning on Heterogeneous Data, IJCAI 2025")
     eval_model = ("each client's current local model (last received personalized body + private head, after its "
                   "last local training)")
+    evaluates_own_model = True  # a client evaluates its own current model (Sec. 5.2)
     has_global = False  # what travels is the ``share`` option's (shared_names), not the class default
 
     @property
@@ -181,10 +182,6 @@ class FedAPA(Method):
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """Alg. 1 line 7 / Eq. 5: the personalized shared parameters for client ``cid``."""
         return Message({"params": aggregate_row(self.row_used(server, cid), server["thetas"])})
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own current model (Sec. 5.2)."""
-        return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Alg. 1 lines 9-13 for every uploading client; then store the uploads (theta_j of later rounds).

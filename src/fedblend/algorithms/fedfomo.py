@@ -101,6 +101,7 @@ class FedFomo(Method):
     paper = ("Zhang et al., Personalized Federated Learning with First Order Model Optimization (FedFomo), "
              "ICLR 2021")
     eval_model = "each client's own model after its last local training (no global model)"
+    evaluates_own_model = True  # a client evaluates its own model
     has_global = False
 
     # ------------------------------------------------------------------------------------------ server
@@ -128,10 +129,6 @@ class FedFomo(Method):
             if ids:
                 affinity[cid, torch.tensor(ids)] += torch.tensor(w, dtype=torch.float64)
         return {**server, "models": models, "last_round": sorted(replies), "affinity": affinity}
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own model."""
-        return Message()
 
     # ------------------------------------------------------------------------------------------ client
     def val_data(self, ctx: ClientCtx) -> tuple[torch.Tensor, torch.Tensor]:

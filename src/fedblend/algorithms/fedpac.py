@@ -150,6 +150,7 @@ class FedPAC(Method):
              "Collaboration (FedPAC), ICLR 2023")
     eval_model = ("the global feature extractor with the client's personalized classifier (the server's Eq. 10 "
                   "combination from its last round, else its own head)")
+    evaluates_received_model = True  # global body + own combined head, its next round's start (PFLlib evaluates there)
 
     def head_names(self, run: RunInfo) -> list[str]:
         return run.model.head_names()
@@ -217,6 +218,3 @@ class FedPAC(Method):
                                           "lam": self.opts.lam, "per_element": self.opts.align_norm == "mean"},
                          needs_features=True, name="fedpac_align"),)
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Global body + personalized head, as the client would start its next round (PFLlib evaluates there)."""
-        return self.client_init(msg, cstate, ctx)

@@ -97,6 +97,7 @@ class PFedHN(Method):
     paper = "Shamsian et al., Personalized Federated Learning using Hypernetworks (pFedHN), ICML 2021"
     eval_model = ("the model the server's hypernetwork generates for the client now (pFedHN-PC: with the client's "
                   "own head)")
+    evaluates_received_model = True  # the generated model (+ own head for pFedHN-PC)
     has_global = False
     client_keeps_model = False
 
@@ -125,9 +126,6 @@ class PFedHN(Method):
         with torch.no_grad():
             return Message({"params": generate(server["hn"], cid, self._shapes(sctx.run))})
 
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        return self.configure_train(server, cid, sctx)
-
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         net, shapes = server["hn"], self._shapes(sctx.run)
         grads = None
@@ -149,6 +147,3 @@ class PFedHN(Method):
             kw = {"steps": self.opts.inner_steps, **kw}
         return super().train_spec(params, msg, cstate, ctx, **kw)
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The generated model (+ own head for pFedHN-PC)."""
-        return self.client_init(msg, cstate, ctx)

@@ -40,7 +40,7 @@ from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of, stack_copies, with_rows
 from fedblend.common.rng import SeedTree
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 from fedblend.core.optim import sgd_init, sgd_step
 
 
@@ -112,6 +112,7 @@ class PFedLA(Method):
     options_cls = PFedLAOptions
     paper = "Ma et al., Layer-wised Model Aggregation for Personalized Federated Learning (pFedLA), CVPR 2022"
     eval_model = "the layer-wise aggregate theta-bar_i the client's hypernetwork builds now (what it would receive)"
+    evaluates_received_model = True  # the layer-wise aggregate the client's hypernetwork builds now
     has_global = False
     client_keeps_model = False
 
@@ -144,9 +145,6 @@ class PFedLA(Method):
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         return Message({"params": self.personalized(server, cid, sctx)})
 
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        return self.configure_train(server, cid, sctx)
-
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Hypernetwork steps (chain rule through the aggregation), then the uploads replace the stored models."""
         grouping, thetas = self._grouping(sctx.run), server["thetas"]
@@ -164,7 +162,3 @@ class PFedLA(Method):
                                          self.opts.hn_momentum)
         new_thetas = with_rows(thetas, {cid: r.params() for cid, r in replies.items()})
         return {**server, "thetas": new_thetas, "hn": hn, "opt": opt}
-
-    # ------------------------------------------------------------------------------------------ client
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        return self.client_init(msg, cstate, ctx)

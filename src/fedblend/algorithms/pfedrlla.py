@@ -122,6 +122,7 @@ class PFedRLLA(Method):
     paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
              "(pFedRLLA, ICLR 2024 submission)")
     eval_model = "each client's current model (its personalized model after its last local training)"
+    evaluates_own_model = True  # a client evaluates its own current model
     has_global = False
     pretrainable = True  # App. D: the agent is pre-trained on a run whose bodies stay local
 
@@ -302,10 +303,6 @@ class PFedRLLA(Method):
                           head_weights=[[c, rnd["actions"][i].tolist()] for i, c in enumerate(rnd["cids"])])
         sctx.stats["server_agent_seconds"] = sctx.stats.get("server_agent_seconds", 0.0) + time.perf_counter() - t0
         return {**server, "agent": agent}
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own current model."""
-        return Message()
 
     # ------------------------------------------------------------------------------------------ client
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:

@@ -200,6 +200,12 @@ class Method:
     #: whether client transforms (ALA, ...) can change the model the client trains from; a method whose local
     #: training ignores the template's ``params`` sets False and the registry refuses ``method+transform``
     accepts_transforms: ClassVar[bool] = True
+    #: the personalized model evaluated is what the client would start training from now (``client_init`` of the
+    #: evaluation message: FedAvg's global model, FedPer's received body with the own head); False: its model
+    #: after its last local training (``cstate["params"]``)
+    evaluates_received_model: ClassVar[bool] = False
+    #: the client evaluates a model it holds, so the evaluation message is empty
+    evaluates_own_model: ClassVar[bool] = False
     #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
     #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
     pretrainable: ClassVar[bool] = False
@@ -281,6 +287,8 @@ class Method:
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
         model (``"global"``) where the method has one."""
+        if self.evaluates_own_model:
+            return Message()
         msg = self.configure_train(server, cid, sctx)
         glob = self.global_params(server)
         if glob is not None:
@@ -370,8 +378,9 @@ class Method:
 
     # ----------------------------------------------------------------------------------------- evaluation
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The method's own personalized model of the client (default: its model after local training)."""
-        return cstate["params"]
+        """The method's own personalized model of the client: its model after local training, or what it would
+        start training from (``evaluates_received_model``)."""
+        return self.client_init(msg, cstate, ctx) if self.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Parameters of the client's personalized model as the method's paper evaluates it: the method's
