@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from fedblend.algorithms.fedapa import FedAPA, heatmaps_from_checkpoint, same_class_mass
+    from fedblend.algorithms.fedapa import FedAPA
+    from fedblend.cli.heatmaps import heatmaps_from_checkpoint, same_class_mass
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
 
     for p in heatmaps_from_checkpoint(args.run_dir, args.out, args.rounds):

@@ -111,7 +111,7 @@ def group_ratio(e: np.ndarray, labels: list[int]) -> float:
 
 
 def embeddings_plot(run: Path, groups: list[frozenset], out: Path, data_dir: str | None) -> None:
-    from fedblend.algorithms.rl import embedding
+    from fedblend.algorithms.parts.rl import embedding
     from fedblend.config import load_config
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
     from fedblend.data.federated import dataset_info

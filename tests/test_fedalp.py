@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.clustering import (
+from fedblend.algorithms.fedalp import global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.parts.clustering import (
     adjusted_rand_index,
+    clustering_report,
     cosine_similarity,
     cut,
     leaf_order,
@@ -19,7 +21,6 @@ from fedblend.algorithms.clustering import (
     ward_groups,
     ward_linkage,
 )
-from fedblend.algorithms.fedalp import clustering_report, global_from_groups, layer_weights, mix_by_layer
 from fedblend.common.options import ConfigError
 from fedblend.common.params import flatten
 from fedblend.common.rng import SeedTree

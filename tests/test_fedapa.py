@@ -9,16 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedblend.algorithms.fedapa import (
-    FedAPA,
-    FedAPAOptions,
-    aggregate_row,
-    heatmaps_from_checkpoint,
-    same_class_mass,
-    update_rows,
-    weight_gradient,
-)
+from fedblend.algorithms.fedapa import FedAPA, FedAPAOptions, update_rows, weight_gradient
+from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import build_method
+from fedblend.cli.heatmaps import heatmaps_from_checkpoint, same_class_mass
 from fedblend.common.options import ConfigError
 from fedblend.common.params import num_bytes
 from fedblend.core.message import Message

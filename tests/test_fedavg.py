@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.fedprox import proximal_term
+from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.common.params import weighted_average
 from fedblend.core.message import Message
 from fedblend.core.training import TrainConfig, sgd_train

@@ -1,7 +1,8 @@
-"""Refactors do not move results: the synthetic runs of every method and method+transform, recorded before the
-message-based interface (``tests/golden/record_synthetic.py``), are reproduced, every round and field except
-wall-clock times. The real-data benchmark goldens (``tests/golden/benchmarks``) are checked by
-``scripts/golden.py check`` (too slow for the default suite).
+"""Refactors do not move results: the synthetic runs of every method and method+transform (the first eleven
+recorded before the message-based interface, the others before issue 22's refactor, all by
+``tests/golden/record_synthetic.py``) are reproduced, every round and field except wall-clock times. The
+real-data benchmark goldens (``tests/golden/benchmarks``) are checked by ``scripts/golden.py check`` (too slow
+for the default suite).
 
 The goldens were recorded on one CPU and are checked on whatever CPU runs the suite, so floats are compared with
 the cross-machine tolerance of ``fedblend.common.histories`` and everything discrete exactly (bit-equality holds
@@ -16,8 +17,7 @@ import pytest
 import torch
 
 from fedblend.common.histories import diff_histories
-from tests.golden.record_synthetic import CASES
-from tests.helpers import tiny_sim, without_timings
+from tests.golden.record_synthetic import history, keys, uses_ala
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "synthetic.json").read_text())
 
@@ -28,24 +28,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 #: fields of the personalized evaluation: the only ones ALA's ``eval_stream = "train"`` (the default since the
 #: goldens were recorded) may change; the goldens were evaluated with ``eval_stream = "eval"``
 PERSONAL_EVAL = {"acc", "loss", "acc_client_mean", "acc_client_std"}
-
-
-def uses_ala(spec: str) -> bool:
-    return spec == "fedala" or "ala" in spec.split("+")
-
-
-def ala_stream(spec: str, stream: str) -> dict:
-    """Keyword arguments of ``tiny_sim`` setting ALA's evaluation stream (``fedala`` takes ALA's options)."""
-    if not uses_ala(spec):
-        return {}
-    return {"options": {"eval_stream": stream}} if spec == "fedala" else {"transforms": {"ala": {"eval_stream": stream}}}
-
-
-def _history(tiny_fed, key, stream, **train):
-    spec, case = key.split("/")
-    sim = tiny_sim(tiny_fed, spec, **{**CASES[case], **train}, **ala_stream(spec, stream))
-    sim.run()
-    return json.loads(json.dumps(without_timings(sim.history)))
 
 
 def _last_bit_up(fed):
@@ -62,13 +44,13 @@ def _last_bit_up(fed):
 
 @pytest.mark.parametrize("key", sorted(GOLDEN))
 def test_golden_history(key, tiny_fed):
-    assert diff_histories(GOLDEN[key], _history(tiny_fed, key, "eval")) == []
+    assert diff_histories(GOLDEN[key], history(tiny_fed, key, "eval")) == []
 
 
 @pytest.mark.parametrize("key", sorted(k for k in GOLDEN if uses_ala(k.split("/")[0])))
 def test_ala_train_stream_changes_only_the_personalized_evaluation(key, tiny_fed):
     """ALA evaluated from the next round's training stream: training (and the global model) exactly as recorded."""
-    got = _history(tiny_fed, key, "train")
+    got = history(tiny_fed, key, "train")
     keep = [{k: v for k, v in w.items() if k not in PERSONAL_EVAL} for w in GOLDEN[key]]
     assert diff_histories(keep, [{k: v for k, v in g.items() if k not in PERSONAL_EVAL} for g in got]) == []
 
@@ -77,8 +59,8 @@ def test_ala_train_stream_changes_only_the_personalized_evaluation(key, tiny_fed
 def test_golden_tolerance_absorbs_last_bit_drift(key, tiny_fed):
     """Every float input one ulp up changes many numbers in their last bits (so the check is not vacuous) and
     none beyond the tolerance the goldens are checked with."""
-    base = _history(tiny_fed, key, "eval")
-    drift = _history(_last_bit_up(tiny_fed), key, "eval")
+    base = history(tiny_fed, key, "eval")
+    drift = history(_last_bit_up(tiny_fed), key, "eval")
     assert diff_histories(base, drift, exact=True) != []
     assert diff_histories(base, drift) == []
 
@@ -86,7 +68,14 @@ def test_golden_tolerance_absorbs_last_bit_drift(key, tiny_fed):
 @pytest.mark.parametrize("key", ["fedavg/full", "fedala/partial-keep", "fedapa/full", "fedalp/full"])
 def test_golden_tolerance_catches_a_one_percent_change(key, tiny_fed):
     lr = 0.05  # tiny_sim's learning rate
-    assert diff_histories(_history(tiny_fed, key, "eval"), _history(tiny_fed, key, "eval", lr=lr * 1.01)) != []
+    assert diff_histories(history(tiny_fed, key, "eval"), history(tiny_fed, key, "eval", lr=lr * 1.01)) != []
+
+
+def test_every_registered_method_and_transform_host_has_a_golden():
+    """A new method (or a method a transform can now host) fails here until its golden is recorded with
+    ``python tests/golden/record_synthetic.py tests/golden/synthetic.json``."""
+    missing = sorted(k for k in keys() if k not in GOLDEN)
+    assert not missing, f"registered specs without a synthetic golden: {missing}"
 
 
 def test_every_benchmark_config_has_a_golden():

@@ -140,15 +140,13 @@ def test_two_phase_client_generator_through_the_runtime(tiny_fed):
         name = "two-phase-test"
         client_keeps_model = True
 
-        def client_train(self, msg, cstate, ctx):
-            params = self.client_init(msg, cstate, ctx)
+        def local_training(self, params, msg, cstate, ctx):
             head = ctx.model.head_names()
             r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=head, stream="head")
             cstate = self.record_training(r1, cstate, ctx)
             body = ctx.model.body_names()
             r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=body, stream="body")
-            cstate = self.record_training(r2, cstate, ctx)
-            return self.reply(r2.params, cstate, ctx), {**cstate, "params": r2.params}
+            return r2, self.record_training(r2, cstate, ctx)
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, momentum=0.5, optimizer_state="keep")
     sim.method = TwoPhase()
@@ -277,13 +275,11 @@ def test_vmap_backend_partial_training_and_fallback(tiny_fed):
         name = "head-then-body-test"
         client_keeps_model = True
 
-        def client_train(self, msg, cstate, ctx):
-            params = self.client_init(msg, cstate, ctx)
+        def local_training(self, params, msg, cstate, ctx):
             r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
             cstate = self.record_training(r1, cstate, ctx)
             r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
-            cstate = self.record_training(r2, cstate, ctx)
-            return self.reply(r2.params, cstate, ctx), {**cstate, "params": r2.params}
+            return r2, self.record_training(r2, cstate, ctx)
 
     runs = []
     for backend in (None, VmapBackend()):

@@ -131,8 +131,70 @@ def test_checker_catches_an_upward_import_and_a_cycle():
     assert rank("fedblend.cli.main", layers) > rank("fedblend.algorithms.fedavg", layers)
 
 
-@pytest.mark.parametrize("low,high", [("common", "data"), ("data", "core"), ("models", "core"), ("core", "algorithms"),
+@pytest.mark.parametrize("low,high", [("common", "data"), ("data", "core"), ("models", "core"),
+                                      ("core", "algorithms.parts"), ("algorithms.parts", "algorithms"),
                                       ("algorithms", "config"), ("config", "cli")])
 def test_documented_order(low, high):
     layers = layers_from_docs()
     assert layers[low] < layers[high]
+
+
+# ------------------------------------------------------------------------------------------ method modules
+ALGORITHMS = "fedblend.algorithms"
+
+
+def method_modules() -> dict[str, Path]:
+    """The modules of ``algorithms/`` that define methods or transforms (not the parts, the registry, the package)."""
+    return {m: p for m, p in all_modules().items()
+            if m.startswith(ALGORITHMS + ".") and m.count(".") == 2 and not m.startswith(ALGORITHMS + ".parts")
+            and m != ALGORITHMS + ".registry"}
+
+
+def registers_transform(path: Path) -> bool:
+    return "@register_transform" in path.read_text()
+
+
+def bases_from(path: Path) -> dict[str, set[str]]:
+    """``{module: names imported from it that a class of this file extends}`` (direct bases by name)."""
+    tree = ast.parse(path.read_text())
+    origin = {a.asname or a.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              for a in node.names if node.module}
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for b in node.bases:
+                if isinstance(b, ast.Name) and b.id in origin:
+                    out.setdefault(origin[b.id], set()).add(b.id)
+    return out
+
+
+def method_import_violations(modules: dict[str, Path]) -> list[str]:
+    """DESIGN principle 11: a method module imports parts, core and common, and of the other modules in
+    ``algorithms/`` at most the one whose class it extends (and a transform it composes, as FedALA = FedAvg + ALA)."""
+    known = set(all_modules())
+    bad = []
+    for mod, path in sorted(modules.items()):
+        extends = bases_from(path)
+        others = sorted(d for d in imports(path, mod, known) if d in modules)
+        for d in others:
+            if d in extends or registers_transform(modules[d]):
+                continue
+            bad.append(f"{mod} imports method module {d} without extending a class of it")
+        if len([d for d in others if d in extends]) > 1:
+            bad.append(f"{mod} extends classes of several method modules: {others}")
+    return bad
+
+
+def test_a_method_imports_parts_core_common_and_at_most_its_base():
+    bad = method_import_violations(method_modules())
+    assert not bad, "\n".join(bad)
+
+
+def test_method_rule_catches_a_method_importing_a_helper_from_another(tmp_path):
+    (tmp_path / "helper_user.py").write_text(
+        "from fedblend.algorithms.fedprox import proximal_term\n"
+        "from fedblend.algorithms.fedavg import FedAvg\n\nclass M(FedAvg):\n    pass\n")
+    mods = {**method_modules(), "fedblend.algorithms.helper_user": tmp_path / "helper_user.py"}
+    bad = method_import_violations(mods)
+    assert bad == ["fedblend.algorithms.helper_user imports method module fedblend.algorithms.fedprox without "
+                   "extending a class of it"]

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from fedblend.algorithms.parts.rl import ddpg, embedding
 from fedblend.algorithms.pfedrlla import (
     PFedRLLAOptions,
     load_agent,
@@ -17,7 +18,6 @@ from fedblend.algorithms.pfedrlla import (
     similarity_target,
 )
 from fedblend.algorithms.registry import build_method
-from fedblend.algorithms.rl import ddpg, embedding
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.message import Message
@@ -288,7 +288,7 @@ def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
 
 def test_adam_step_equals_torch_optim_adam():
     """The functional Adam (kept as data in the server state) makes torch.optim.Adam's updates."""
-    from fedblend.algorithms.rl.nets import adam_init, minimise
+    from fedblend.core.optim import adam_init, minimise
 
     g = torch.Generator().manual_seed(0)
     net = {"w": torch.randn(4, 3, generator=g), "b": torch.randn(3, generator=g)}

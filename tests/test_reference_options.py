@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedblend.algorithms.ownloop import batch_stream, steps_per_epochs
+from fedblend.algorithms.parts.ownloop import batch_stream, steps_per_epochs
 from fedblend.common.errors import ConfigError
 from fedblend.core.training import TrainConfig, batches, sgd_train
 from fedblend.data.federated import PartitionSpec, build_federated

@@ -14,8 +14,9 @@ from fedblend.core.backends import ProcessBackend, SequentialBackend
 from fedblend.core.client import ClientRuntime
 from tests.helpers import same_state, tiny_sim, without_timings
 
-# every transform on every method that has a global model to blend from (FedALA is already FedAvg + ALA)
-HOSTS = [m for m in sorted(METHODS) if METHODS[m].has_global and m != "fedala"]
+# every transform on every method that has a global model to blend from and accepts transforms (FedALA is
+# already FedAvg + ALA)
+HOSTS = [m for m in sorted(METHODS) if METHODS[m].has_global and METHODS[m].accepts_transforms and m != "fedala"]
 SPECS = sorted(METHODS) + [f"{m}+{t}" for t in sorted(TRANSFORMS) for m in HOSTS]
 
 

@@ -1,11 +1,15 @@
-"""Record the shared suite's synthetic runs as golden histories (run once, before a refactor of the seam).
+"""Record the shared suite's synthetic runs as golden histories (before a refactor of the seam or the methods).
 
-    python tests/golden/record_synthetic.py tests/golden/synthetic.json
+    python tests/golden/record_synthetic.py tests/golden/synthetic.json          # add the missing specs
+    python tests/golden/record_synthetic.py tests/golden/synthetic.json --all    # re-record everything
 
-Every registered method and method+transform runs two cases on the 4-client synthetic federation: full
-participation (4 rounds, seed 1) and partial participation with momentum kept across rounds (join ratio 0.5,
-3 rounds, seed 2, momentum 0.5, ``optimizer_state = "keep"``). The history without wall-clock fields is stored;
-``tests/test_golden.py`` checks that the current code reproduces every number exactly.
+Every registered method and every method+transform the registry allows (``tests.test_shared_suite.SPECS``) runs
+two cases on the 4-client synthetic federation: full participation (4 rounds, seed 1) and partial participation
+with momentum kept across rounds (join ratio 0.5, 3 rounds, seed 2, momentum 0.5, ``optimizer_state = "keep"``).
+The history without wall-clock fields is stored; ``tests/test_golden.py`` checks that the current code reproduces
+every number, and fails for a registered spec without a golden. By default only the missing specs are recorded,
+so the histories already there keep the code they were recorded with as their reference. ALA is recorded (and
+checked) with ``eval_stream = "eval"``, the protocol of the first goldens.
 """
 
 from __future__ import annotations
@@ -24,24 +28,51 @@ CASES = {
 }
 
 
-def main(out: str) -> None:
+def uses_ala(spec: str) -> bool:
+    return spec == "fedala" or "ala" in spec.split("+")
+
+
+def ala_stream(spec: str, stream: str) -> dict:
+    """Keyword arguments of ``tiny_sim`` setting ALA's evaluation stream (``fedala`` takes ALA's options)."""
+    if not uses_ala(spec):
+        return {}
+    return {"options": {"eval_stream": stream}} if spec == "fedala" else {"transforms": {"ala": {"eval_stream": stream}}}
+
+
+def history(fed, key: str, stream: str = "eval", **train) -> list[dict]:
+    """The history of golden case ``key`` (``"<spec>/<case>"``) without wall-clock fields, as JSON would store it;
+    ``train`` overrides training settings of the case (tests of the comparison's tolerance)."""
+    from tests.helpers import tiny_sim, without_timings
+
+    spec, case = key.split("/")
+    sim = tiny_sim(fed, spec, **{**CASES[case], **train}, **ala_stream(spec, stream))
+    sim.run()
+    return json.loads(json.dumps(without_timings(sim.history)))
+
+
+def keys() -> list[str]:
+    """Every golden case the suite requires: each spec of the shared suite, in each case."""
+    from tests.test_shared_suite import SPECS
+
+    return [f"{spec}/{case}" for spec in SPECS for case in CASES]
+
+
+def main(out: str, everything: bool = False) -> None:
     from fedblend.data.federated import PartitionSpec, build_federated
     from fedblend.data.synthetic import make_synthetic
-    from tests.helpers import tiny_sim, without_timings
-    from tests.test_shared_suite import SPECS
 
     torch.set_num_threads(1)
     fed = build_federated(make_synthetic(), PartitionSpec(kind="dirichlet", alpha=1.0, num_clients=4, min_samples=5,
                                                           split="merge"), seed=0)  # the suite's tiny_fed
-    result = {}
-    for spec in SPECS:
-        for case, kw in CASES.items():
-            sim = tiny_sim(fed, spec, **kw)
-            sim.run()
-            result[f"{spec}/{case}"] = json.loads(json.dumps(without_timings(sim.history)))
-    Path(out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(result)} histories to {out}")
+    path = Path(out)
+    result = {} if everything or not path.exists() else json.loads(path.read_text())
+    todo = [k for k in keys() if k not in result]
+    for key in todo:
+        result[key] = history(fed, key)
+        print(f"recorded {key}", flush=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(result)} histories to {out} ({len(todo)} new)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], everything="--all" in sys.argv[2:])

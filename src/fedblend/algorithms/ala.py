@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_transform
 from fedblend.common.errors import ConfigError
 from fedblend.common.params import Params, layer_of
@@ -83,10 +84,7 @@ def ala_names(model: FedModel, p: int) -> list[str]:
 def blend(local: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor],
           weights: Mapping[str, torch.Tensor]) -> Params:
     """Eq. 4: global tensors below, ``local * (1 - W) + global * W`` on the tensors that have a weight."""
-    out = dict(glob)
-    for n, w in weights.items():
-        out[n] = local[n] * (1 - w) + glob[n] * w
-    return out
+    return {**glob, **interpolate(glob, local, weights, names=weights)}
 
 
 def ala_step(model: FedModel, local: Params, glob: Params, weights: Params, x: torch.Tensor,
@@ -97,7 +95,7 @@ def ala_step(model: FedModel, local: Params, glob: Params, weights: Params, x: t
     ALA layer is a head layer, ``features`` (the frozen global body's output on ``x``) may be passed: the logits
     are then ``head(features)``, the same operations as the full forward pass, without recomputing the body.
     """
-    top = {n: (local[n] * (1 - w) + glob[n] * w).requires_grad_(True) for n, w in weights.items()}
+    top = {n: t.requires_grad_(True) for n, t in interpolate(glob, local, weights, names=weights).items()}
     if features is None:
         out = functional_call(model, {**glob, **top}, (x,))
     else:

@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params, clone, flatten
+from fedblend.common.params import Params, clone, flatten, unflatten
 from fedblend.core.method import ClientCtx, Message, Method, State
 from fedblend.core.training import LossTerm, TrainResult
 
@@ -59,13 +60,7 @@ class APFLOptions:
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
     """Eq. 3: ``v_bar = alpha v + (1 - alpha) w`` over ``glob``'s tensors."""
-    return {n: alpha * local[n] + (1 - alpha) * w for n, w in glob.items()}
-
-
-def unflatten(flat: torch.Tensor, like: Params) -> Params:
-    """The flat vector ``flat`` cut into tensors shaped as ``like``'s, in its order."""
-    parts = torch.split(flat, [t.numel() for t in like.values()])
-    return {n: p.view_as(t) for (n, t), p in zip(like.items(), parts)}
+    return interpolate(local, glob, alpha, names=glob)
 
 
 def mixture_loss(params: Params, batch, model, names: list[str]) -> torch.Tensor:
@@ -83,6 +78,7 @@ class APFL(Method):
     options_cls = APFLOptions
     paper = "Deng, Kamani and Mahdavi, Adaptive Personalized Federated Learning, arXiv:2003.13461, 2020"
     eval_model = "the aggregated global model (what each client receives)"
+    evaluates_received_model = True  # the global side w of the mixture: the received global model (as FedAvg)
     client_keeps_model = False  # w restarts from the received model; v_i and alpha_i are kept under "apfl"
 
     def init_client(self, ctx: ClientCtx) -> State:
@@ -104,10 +100,6 @@ class APFL(Method):
         cstate = {**cstate, "apfl": {"v": v, "alpha": alpha}}
         w = {n: res.params[n] for n in names}
         return TrainResult(w, res.momentum, res.mean_loss, res.steps, res.samples), cstate
-
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The global side ``w`` of the mixture: the received global model (as FedAvg)."""
-        return self.client_init(msg, cstate, ctx)
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Eq. 3: ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the received global model, or, with a transform

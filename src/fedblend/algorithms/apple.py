@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.fedapa import aggregate_row
+from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone, stack_copies, with_rows
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
-from fedblend.core.training import batches
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.training import TrainResult, batches
 
 
 @dataclass(frozen=True)
@@ -113,15 +113,19 @@ class APPLE(Method):
     options_cls = APPLEOptions
     paper = "Luo & Wu, Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning, IJCAI 2022"
     eval_model = "each client's mixture of cores by its DR vector after its last local step (Eq. 2)"
+    evaluates_own_model = True  # the client evaluates its own mixture
     has_global = False
     client_own_loop = True
+    #: the client trains its core and DR vector through a mixture of every client's core: a transform's change of
+    #: the model it starts from would be ignored, so transforms are refused
+    accepts_transforms = False
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         """Every stored core starts at the common initial model; sizes are learned from the replies."""
-        m, init = sctx.run.num_clients, sctx.run.init_params
-        dev = next(iter(init.values())).device
-        return {"cores": stack_copies(init, m), "sizes": torch.zeros(m, dtype=torch.float64, device=dev)}
+        m = sctx.run.num_clients
+        return {"cores": stack_copies(sctx.run.init_params, m),
+                "sizes": torch.zeros(m, dtype=torch.float64, device=sctx.run.device)}
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """Every client's core (one record each) and the prior p0."""
@@ -129,10 +133,6 @@ class APPLE(Method):
         arrays = {core_record(j): {n: t[j] for n, t in server["cores"].items()} for j in range(m)}
         arrays["prior"] = {"p0": data_prior(server["sizes"]).float()}
         return Message(arrays)
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: the client evaluates its own mixture."""
-        return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Store every upload as that client's core, and its data size (for the prior)."""
@@ -145,28 +145,46 @@ class APPLE(Method):
     # ------------------------------------------------------------------------------------------ client
     def init_client(self, ctx: ClientCtx) -> State:
         m = ctx.run.num_clients
-        ref = next(iter(ctx.run.init_params.values()))
+        dtype = next(iter(ctx.run.init_params.values())).dtype
         return {"core": clone(ctx.run.init_params), "params": clone(ctx.run.init_params),
-                "dr": torch.full((m,), 1.0 / m, dtype=ref.dtype, device=ref.device)}
+                "dr": torch.full((m,), 1.0 / m, dtype=dtype, device=ctx.run.device)}
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Local epochs of :func:`apple_step` on the client's batches (plain code: an own loop)."""
+    @staticmethod
+    def received_cores(msg: Message, ctx: ClientCtx) -> dict[str, torch.Tensor]:
+        """Every client's core as received, stacked over clients."""
+        m = ctx.run.num_clients
+        return {n: torch.stack([msg.params(core_record(j))[n] for j in range(m)]) for n in ctx.run.init_params}
+
+    def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """The model the client trains from: its mixture (Eq. 2) of the received cores, its own core in its row."""
+        cores, cid = self.received_cores(msg, ctx), ctx.cid
+        own = cstate["core"]
+        return mixture(cstate["dr"], {n: torch.cat([c[:cid], own[n].unsqueeze(0), c[cid + 1 :]]) for n, c in cores.items()})
+
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """Local epochs of :func:`apple_step` on the client's batches (plain code: an own loop) on the own core and
+        the DR vector, through the mixture; the result is the mixture after the last step."""
         yield from ()
         m, cid, cfg = ctx.run.num_clients, ctx.cid, ctx.train
         names = list(ctx.run.init_params)
-        cores = {n: torch.stack([msg.params(core_record(j))[n] for j in range(m)]) for n in names}
+        cores = self.received_cores(msg, ctx)
         prior = msg.params("prior")["p0"]
         own, dr = cstate["core"], cstate["dr"]
         core_lr = cfg.lr * (m if self.opts.core_lr_scale is None else self.opts.core_lr_scale)
         lam_mu = prior_weight(ctx.rnd, self.opts.L * ctx.run.rounds, self.opts.schedule) * self.opts.mu
         x, y = ctx.data.train_x, ctx.data.train_y
-        total, seen = 0.0, 0
+        total, seen, steps = 0.0, 0, 0
         for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
                                        self.opts.dr_lr, lam_mu)
             total += loss * len(idx)
             seen += len(idx)
+            steps += 1
         ctx.stats["train_loss"] = total / max(seen, 1)
         cores = {n: torch.cat([cores[n][:cid], own[n].unsqueeze(0), cores[n][cid + 1 :]]) for n in names}
-        cstate = {**cstate, "core": own, "dr": dr, "params": mixture(dr, cores)}
-        return Message({"params": own}, {"num_samples": ctx.data.num_train}), cstate
+        personal = mixture(dr, cores)
+        return TrainResult(personal, None, ctx.stats["train_loss"], steps, seen), {**cstate, "core": own, "dr": dr}
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The own core (not the mixture: that is the client's personalized model, kept in its state)."""
+        return Message({"params": cstate["core"]}, {"num_samples": ctx.data.num_train})

@@ -37,10 +37,11 @@ from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, weighted_average
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, score_before_after
-from fedblend.core.training import Batch, LossTerm
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.training import Batch, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
 PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters (not a model parameter)
@@ -78,18 +79,6 @@ def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:
     return {**params, f"{first}.bias": c + w @ bias.to(w.dtype)}
 
 
-@torch.no_grad()
-def feature_mean(model: FedModel, params: Params, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    """``zbar_i^g = E f(x)`` over ``x`` (the client's training data)."""
-    from torch.func import functional_call
-
-    total = None
-    for i in range(0, len(x), batch_size):
-        f = functional_call(model, params, (x[i:i + batch_size],), {"part": "features"}).sum(0)
-        total = f if total is None else total + f
-    return total / max(len(x), 1)
-
-
 # ------------------------------------------------------------------------------------------------ the method
 @register_method
 class DBE(Method):
@@ -99,6 +88,7 @@ class DBE(Method):
              "NeurIPS 2023")
     eval_model = ("the received global model with the client's own representation bias zbar_i^p (PRBM) added to "
                   "its features")
+    evaluates_received_model = True  # the received global model (the bias is added in eval_params, after any transform)
     client_keeps_model = False
 
     # ------------------------------------------------------------------------------------------ server
@@ -124,36 +114,37 @@ class DBE(Method):
     def init_client(self, ctx: ClientCtx) -> State:
         state = super().init_client(ctx)
         if self.opts.prbm:
-            with torch.no_grad():
-                dim = feature_mean(ctx.model, ctx.run.init_params, ctx.data.train_x[:1]).numel()
-            state["prbm"] = torch.zeros(dim, device=ctx.run.init_params[next(iter(ctx.run.init_params))].device)
+            dim = feature_mean(ctx.model, ctx.run.init_params, ctx.data.train_x[:1]).numel()
+            state["prbm"] = torch.zeros(dim, device=ctx.run.device)
         return state
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """The FedAvg template with DBE's forward pass and loss once the global mean is known (after the
-        initialisation period): the bias is a trained entry of the spec, added to the features before the head."""
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        gmean = msg.params("dbe").get("global_mean")
-        active = gmean is not None
-        score_before_after("bp", self._personal(params, cstate, ctx, active), msg, ctx)
+    @staticmethod
+    def _active(msg: Message) -> bool:
+        """DBE's forward and loss apply once the global mean is known (after the initialisation period)."""
+        return msg.params("dbe").get("global_mean") is not None
+
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """One spec with DBE's forward pass: the bias is a trained entry of the spec, added to the features
+        before the head; the result's ``params`` are the model without it (the bias goes to the state)."""
         spec = self.train_spec(params, msg, cstate, ctx)
-        if active and self.opts.prbm:
+        if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
             spec.feature_shift = PRBM
         res = yield spec
-        trained = {k: v for k, v in res.params.items() if k != PRBM}
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
-        score_before_after("ap", self._personal(trained, cstate, ctx, active), msg, ctx)
         cstate = self.record_training(res, cstate, ctx)
-        if self.keeps_model:
-            cstate = {**cstate, "params": trained}
-        for t in self.transforms:
-            cstate = t.after_train(self, trained, cstate, ctx)
-        reply = self.reply(trained, cstate, ctx)
-        reply.arrays["dbe"] = {"client_mean": feature_mean(ctx.model, trained, ctx.data.train_x)}
-        return reply, cstate
+        trained = {k: v for k, v in res.params.items() if k != PRBM}
+        return TrainResult(trained, res.momentum, res.mean_loss, res.steps, res.samples), cstate
+
+    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        return self._personal(params, cstate, ctx, self._active(msg))
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """FedAvg's reply and ``zbar_i^g``, the client's mean feature under the trained model."""
+        reply = super().reply(res, msg, cstate, ctx)
+        reply.arrays["dbe"] = {"client_mean": feature_mean(ctx.model, res.params, ctx.data.train_x)}
+        return reply
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         gmean = msg.params("dbe").get("global_mean")
@@ -163,10 +154,6 @@ class DBE(Method):
         if not (active and self.opts.prbm and "prbm" in cstate):
             return params
         return fold_bias(ctx.model, params, cstate["prbm"])
-
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received global model (the bias is added in :meth:`eval_params`, after any transform)."""
-        return self.client_init(msg, cstate, ctx)
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The received global model (after transforms, e.g. ALA's blend) with the client's bias ``zbar_i^p``

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedblend.algorithms.fedprox import proximal_term
+from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, Message, Method, State

@@ -7,7 +7,7 @@ Phases (paper Algorithm 1 and 2):
 1. **Warm-up** (rounds ``1..T_pre``): plain FedAvg (Eq. 1-2). The server remembers each client's last update
    ``dw_k = (trained model) - (model received)``.
 2. **Clustering and layer weights**, at the end of round ``T_pre`` (Algorithm 2): ``rho = S(dW)`` (Eq. 3-4,
-   :func:`~fedblend.algorithms.clustering.cosine_similarity`); Ward hierarchical clustering of ``rho`` cut into
+   :func:`~fedblend.algorithms.parts.clustering.cosine_similarity`); Ward hierarchical clustering of ``rho`` cut into
    ``M`` groups; per group ``D_m = sum_k gamma_k dw_k`` (Eq. 5, within-group data weights, "average gradient of
    the clients within group m", Table 1), ``delta_m^(l) = ||D_m^(l)||_2`` per layer (Eq. 6-7) and
    ``Psi_m = beta * delta_m / max(delta_m)`` (Eq. 8, :func:`layer_weights`). Group models start at the global
@@ -39,9 +39,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedblend.algorithms import clustering
+from fedblend.algorithms.parts import clustering
+from fedblend.algorithms.parts.mix import lerp
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params, clone, layer_of, weighted_average
+from fedblend.common.params import Params, clone, flatten, layer_of, unflatten, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 
 
@@ -101,7 +102,7 @@ def mix_by_layer(group: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Ten
     out: Params = {}
     for n, g in glob.items():
         p = float(psi[layer_of(n) if unit == "layer" else n])
-        out[n] = g.clone() if p == 0.0 else (group[n].clone() if p == 1.0 else p * group[n] + (1.0 - p) * g)
+        out[n] = g.clone() if p == 0.0 else (group[n].clone() if p == 1.0 else lerp(group[n], g, p))
     return out
 
 
@@ -109,18 +110,6 @@ def global_from_groups(groups: Sequence[Mapping[str, torch.Tensor]], shares: Seq
     """Algorithm 1 line 11: ``w_g = sum_m (sum_{k in G_m} gamma_k) w_m`` (shares normalised to sum 1)."""
     keep = [(g, s) for g, s in zip(groups, shares) if s > 0]
     return weighted_average([g for g, _ in keep], [s for _, s in keep])
-
-
-def _flat(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1).float() for t in params.values()])
-
-
-def _unflat(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Params:
-    out, i = {}, 0
-    for n, t in like.items():
-        out[n] = flat[i : i + t.numel()].view_as(t).to(t.dtype)
-        i += t.numel()
-    return out
 
 
 # --------------------------------------------------------------------------------------------- the method
@@ -177,7 +166,7 @@ class FedALP(Method):
             members = [c for c in cids if groups[c] == m]
             w = np.array([sizes[c] for c in members], dtype=np.float64)
             d_m = (torch.from_numpy(w / w.sum()).view(-1, 1) * torch.stack([last[c] for c in members]).double()).sum(0)
-            upd = _unflat(d_m, {k: v.double() for k, v in like.items()})
+            upd = unflatten(d_m, {k: v.double() for k, v in like.items()})
             psi.append(layer_weights(upd, opts.beta, opts.layer_unit))
             deltas.append(layer_weights(upd, 1.0, opts.layer_unit))  # delta / max(delta), for diagnostics
             shares.append(float(w.sum()))
@@ -225,7 +214,7 @@ class FedALP(Method):
         updates = {c: {n: uploads[c][n] - starts[c][n] for n in starts[c]} for c in cids}
         last = dict(server["last_update"])
         for c in cids:
-            last[c] = _flat(updates[c])
+            last[c] = flatten(updates[c], torch.float32)
         server = {**server, "last_update": last, "num_samples": {**server["num_samples"], **sizes}}
         if server["groups"] is None:  # warm-up: FedAvg (Algorithm 1 line 1)
             avg = weighted_average([uploads[c] for c in cids], [sizes[c] for c in cids])
@@ -246,7 +235,7 @@ class FedALP(Method):
         # clients never clustered (not sampled before T_pre) join the group whose mean update is closest
         for c in sorted(uploads):
             if groups[c] < 0:
-                groups[c] = self._nearest_group(server, groups, _flat(updates[c]), run)
+                groups[c] = self._nearest_group(server, groups, flatten(updates[c], torch.float32), run)
         for m in range(num_groups):
             members = [c for c in sorted(uploads) if groups[c] == m]
             if not members:
@@ -284,37 +273,3 @@ class FedALP(Method):
         """``W_new`` of the client's group (or the raw group model ``w_m`` with ``local_model = "group"``); the
         global model before clustering (both arrive in the evaluation message)."""
         return msg.arrays.get("personal") or msg.params()
-
-
-# --------------------------------------------------------------------------------------------- diagnostics
-def clustering_report(record: Mapping, train_counts: Sequence[Sequence[int]]) -> dict:
-    """What the users of FedALP want to see about one clustering (a record of ``server["clusterings"]``):
-
-    the group of each client against its dominant training class, the adjusted Rand index of the groups against
-    the dominant-class groups, the group-by-class contingency table, the per-group layer weights ``Psi_m`` and
-    ``delta_m / max(delta_m)``, and the client order (by group, then dominant class) for plotting ``rho``.
-    ``train_counts`` is the per-client class-count matrix (``partition.json``'s ``train_counts``).
-    """
-    cids = list(record["clients"])
-    labels = np.asarray(record["labels"])
-    counts = np.asarray(train_counts)
-    dominant = counts[cids].argmax(1)
-    num_groups, num_classes = int(labels.max()) + 1, counts.shape[1]
-    table = np.zeros((num_groups, num_classes), dtype=np.int64)
-    np.add.at(table, (labels, dominant), 1)
-    order = sorted(range(len(cids)), key=lambda i: (labels[i], dominant[i], cids[i]))
-    return {
-        "round": record["round"],
-        "clients": cids,
-        "group": labels.tolist(),
-        "dominant_class": dominant.tolist(),
-        "ari_vs_dominant_class": clustering.adjusted_rand_index(labels, dominant),
-        "group_by_class": table.tolist(),
-        "group_sizes": record["group_sizes"],
-        "psi": record["psi"],
-        "delta_rel": record["delta_rel"],
-        "beta": record["beta"],
-        "similarity": record["similarity"],
-        "linkage_input": record["linkage_input"],
-        "order_by_group": [cids[i] for i in order],
-    }

@@ -37,8 +37,8 @@ from typing import ClassVar
 
 import torch
 
-from fedblend.algorithms.fedapa import aggregate_row, stack_flat
-from fedblend.algorithms.fedprox import proximal_term
+from fedblend.algorithms.parts.proximal import proximal_term
+from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, stack_copies, with_rows
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
@@ -78,14 +78,15 @@ class FedAMP(Method):
     options_cls = FedAMPOptions
     paper = "Huang et al., Personalized Cross-Silo Federated Learning on Non-IID Data (FedAMP), AAAI 2021"
     eval_model = "each client's own model after its last local training (w_i of Eq. 8)"
+    evaluates_own_model = True  # a client evaluates its own model
     has_global = False
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         """Every stored w_j starts at the common initial model; ``seen[j]`` marks clients that have uploaded."""
-        m, init = sctx.run.num_clients, sctx.run.init_params
-        dev = next(iter(init.values())).device
-        return {"models": stack_copies(init, m), "seen": torch.zeros(m, dtype=torch.float64, device=dev)}
+        m = sctx.run.num_clients
+        return {"models": stack_copies(sctx.run.init_params, m),
+                "seen": torch.zeros(m, dtype=torch.float64, device=sctx.run.device)}
 
     def cloud_model(self, server: State, cid: int) -> Params:
         """Eq. 5-7: ``u_i = sum_j xi_ij w_j``."""
@@ -95,10 +96,6 @@ class FedAMP(Method):
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         return Message({"params": self.cloud_model(server, cid)})
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own model."""
-        return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Store every upload as that client's w_j."""

@@ -36,15 +36,15 @@ last training) on its own test data, pooled. There is no global model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params
+from fedblend.common.params import flatten, select, stack_copies, with_rows
 from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 
 
@@ -71,20 +71,6 @@ class FedAPAOptions:
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
-def stack_flat(thetas: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``{name: (M, *shape)}`` -> ``(M, P)`` float64 matrix whose row ``j`` is client ``j``'s flat theta_j."""
-    return torch.cat([t.reshape(t.shape[0], -1).to(torch.float64) for t in thetas.values()], dim=1)
-
-
-def aggregate_row(row: torch.Tensor, thetas: Mapping[str, torch.Tensor]) -> Params:
-    """Eq. 5: ``theta_bar_i = sum_j a_ij theta_j`` for every shared tensor (computed in float64)."""
-    out: Params = {}
-    for name, t in thetas.items():
-        shape = (-1,) + (1,) * (t.dim() - 1)
-        out[name] = (t.to(torch.float64) * row.to(torch.float64).view(shape)).sum(0).to(t.dtype)
-    return out
-
-
 def weight_gradient(row: torch.Tensor, theta_stack: torch.Tensor, theta_i: torch.Tensor) -> torch.Tensor:
     """Gradient of the proxy loss ``1/2 ||theta_bar_i(A_i) - theta_i||^2`` w.r.t. ``A_i`` (Sec. 3.2).
 
@@ -164,8 +150,8 @@ class FedAPA(Method):
              "Learning on Heterogeneous Data, IJCAI 2025")
     eval_model = ("each client's current local model (last received personalized body + private head, after its "
                   "last local training)")
-    shares = "body"
-    has_global = False
+    evaluates_own_model = True  # a client evaluates its own current model (Sec. 5.2)
+    has_global = False  # what travels is the ``share`` option's (shared_names), not the class default
 
     @property
     def sequential_server(self) -> bool:
@@ -177,11 +163,10 @@ class FedAPA(Method):
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         """Alg. 1 lines 1-2: every stored theta_j is the common initial model; ``a_ii = 1``, ``a_ij = 0`` (Sec. 3.2)."""
-        m, init = sctx.run.num_clients, sctx.run.init_params
-        names = self.shared_names(sctx.run)
+        m = sctx.run.num_clients
         server: State = {
-            "weights": torch.eye(m, dtype=torch.float64, device=init[names[0]].device),
-            "thetas": {n: init[n].detach().unsqueeze(0).repeat((m,) + (1,) * init[n].dim()) for n in names},
+            "weights": torch.eye(m, dtype=torch.float64, device=sctx.run.device),
+            "thetas": stack_copies(select(sctx.run.init_params, self.shared_names(sctx.run)), m),
             "snapshots": {},
         }
         if self.opts.server_momentum > 0:
@@ -198,10 +183,6 @@ class FedAPA(Method):
         """Alg. 1 line 7 / Eq. 5: the personalized shared parameters for client ``cid``."""
         return Message({"params": aggregate_row(self.row_used(server, cid), server["thetas"])})
 
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own current model (Sec. 5.2)."""
-        return Message()
-
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Alg. 1 lines 9-13 for every uploading client; then store the uploads (theta_j of later rounds).
 
@@ -213,16 +194,9 @@ class FedAPA(Method):
         used = {cid: self.row_used(server, cid) for cid in uploads}
         grads = {}
         for cid, up in uploads.items():
-            flat = torch.cat([up[n].reshape(-1).to(torch.float64) for n in thetas])
-            grads[cid] = weight_gradient(used[cid], stack, flat)
+            grads[cid] = weight_gradient(used[cid], stack, flatten(select(up, thetas), torch.float64))
         weights, momentum = update_rows(server["weights"], server.get("momentum"), grads, used, self.opts)
-        new_thetas = {}
-        for n, t in thetas.items():
-            t = t.clone()
-            for cid, up in uploads.items():
-                t[cid] = up[n].detach()
-            new_thetas[n] = t
-        out = {**server, "weights": weights, "thetas": new_thetas}
+        out = {**server, "weights": weights, "thetas": with_rows(thetas, uploads)}
         if momentum is not None:
             out["momentum"] = momentum
         rnd = sctx.rnd + 1
@@ -233,90 +207,3 @@ class FedAPA(Method):
     def effective_weights(self, server: State) -> torch.Tensor:
         """The ``M x M`` matrix whose row ``i`` would aggregate client ``i``'s next personalized model."""
         return torch.stack([self.row_used(server, i) for i in range(server["weights"].shape[0])])
-
-
-# ------------------------------------------------------------------------------------------------ diagnostics
-def same_class_mass(weights: torch.Tensor, train_counts: Sequence[Sequence[int]]) -> dict[str, float]:
-    """How much of each client's weight on *other* clients goes to clients that share a class with it.
-
-    ``shares(i, j)``: clients i and j both hold training samples of at least one common class. Returns the mean
-    over clients of ``sum_{j != i, shares} a_ij / sum_{j != i} a_ij`` (clients with no off-diagonal mass are
-    left out), the same for a uniform row (the chance level), and the mean self-weight.
-    """
-    w = torch.as_tensor(weights, dtype=torch.float64)
-    has = torch.as_tensor(train_counts) > 0
-    share = (has.double() @ has.double().T) > 0
-    eye = torch.eye(w.shape[0], dtype=torch.bool)
-    off = w.masked_fill(eye, 0.0)
-    total = off.sum(1)
-    ok = total > 0
-    mass = (off * share).sum(1)[ok] / total[ok]
-    chance = ((share & ~eye).sum(1).double() / (w.shape[0] - 1))[ok]
-    return {"same_class_mass": float(mass.mean()) if ok.any() else float("nan"),
-            "chance_level": float(chance.mean()) if ok.any() else float("nan"),
-            "mean_self_weight": float(w.diagonal().mean())}
-
-
-# ------------------------------------------------------------------------------------------------ heatmaps
-def save_heatmap(matrix: torch.Tensor, path: str | Path, title: str = "") -> Path:
-    """Write the aggregation-weight matrix (row i = weights client i's model is built from) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    m = matrix.detach().cpu().float().numpy()
-    n = m.shape[0]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.3 * n, 0.8 + 0.3 * n))
-    im = ax.imshow(m, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(m.max())))
-    ax.set_xlabel("client j (contributes)")
-    ax.set_ylabel("client i (receives)")
-    ticks = list(range(0, n, max(1, n // 20)))
-    ax.set_xticks(ticks)
-    ax.set_yticks(ticks)
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="a_ij")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def heatmaps_from_checkpoint(run_dir: str | Path, out_dir: str | Path | None = None,
-                             rounds: Sequence[int] | None = None) -> list[Path]:
-    """Heatmaps of a FedAPA run: one per snapshot in ``checkpoint.pt`` (``heatmap_rounds``) plus the latest."""
-    from fedblend.core.checkpoint import FILENAME, load_checkpoint
-
-    run_dir = Path(run_dir)
-    ck = load_checkpoint(run_dir / FILENAME)
-    server = ck["server"]
-    if "weights" not in server:
-        raise ValueError(f"{run_dir}: checkpoint has no FedAPA weight matrix (server keys: {sorted(server)})")
-    out = Path(out_dir) if out_dir is not None else run_dir
-    out.mkdir(parents=True, exist_ok=True)
-    snaps = dict(server.get("snapshots", {}))
-    if rounds is not None:
-        snaps = {r: v for r, v in snaps.items() if r in set(rounds)}
-    paths = [save_heatmap(w, out / f"fedapa_weights_round{r:04d}.png", f"FedAPA aggregation weights, round {r}")
-             for r, w in sorted(snaps.items())]
-    opts = _options_from_run(run_dir)
-    latest = FedAPA(opts).effective_weights(server) if opts is not None else server["weights"]
-    paths.append(save_heatmap(latest, out / "fedapa_weights_latest.png",
-                              f"FedAPA aggregation weights after round {ck['next_round']}"))
-    return paths
-
-
-def _options_from_run(run_dir: Path) -> FedAPAOptions | None:
-    cfg = run_dir / "config.toml"
-    if not cfg.exists():
-        return None
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    from fedblend.common.options import from_table
-
-    raw = tomllib.loads(cfg.read_text())
-    return from_table(FedAPAOptions, raw.get("options", {}), "options")

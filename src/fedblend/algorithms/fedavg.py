@@ -8,8 +8,7 @@ needs the client's own model, such as ALA, makes it keep one).
 from __future__ import annotations
 
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.method import Method
 
 
 @register_method
@@ -17,8 +16,6 @@ class FedAvg(Method):
     name = "fedavg"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
     eval_model = "the global model after aggregation (what each client receives), on each client's test data"
+    evaluates_received_model = True  # what the client would start its next round from: the received global model
     client_keeps_model = False
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """What the client would start its next round from: the received global model."""
-        return self.client_init(msg, cstate, ctx)

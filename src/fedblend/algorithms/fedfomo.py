@@ -38,7 +38,8 @@ import torch
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
 from fedblend.core.evaluation import evaluate_params
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.training import TrainResult
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class FedFomo(Method):
     paper = ("Zhang et al., Personalized Federated Learning with First Order Model Optimization (FedFomo), "
              "ICLR 2021")
     eval_model = "each client's own model after its last local training (no global model)"
+    evaluates_own_model = True  # a client evaluates its own model
     has_global = False
 
     # ------------------------------------------------------------------------------------------ server
@@ -128,10 +130,6 @@ class FedFomo(Method):
                 affinity[cid, torch.tensor(ids)] += torch.tensor(w, dtype=torch.float64)
         return {**server, "models": models, "last_round": sorted(replies), "affinity": affinity}
 
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own model."""
-        return Message()
-
     # ------------------------------------------------------------------------------------------ client
     def val_data(self, ctx: ClientCtx) -> tuple[torch.Tensor, torch.Tensor]:
         d = ctx.data
@@ -150,7 +148,8 @@ class FedFomo(Method):
         ctx.stats["fomo_weights"] = weights.tolist()
         return fomo_update(own, models, weights)
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        reply, cstate = yield from super().client_train(msg, cstate, ctx)
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
+        reply = super().reply(res, msg, cstate, ctx)
         reply.config = {"ids": list(msg.config.get("ids", [])), "weights": ctx.stats.pop("fomo_weights")}
-        return reply, cstate
+        return reply

@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.fedproto import PROTOS, PrototypeUpload
+from fedblend.algorithms.parts.prototypes import PROTOS, PrototypeUpload
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone, select
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
+from fedblend.core.optim import sgd_direction
 from fedblend.models.zoo import FedModel
 
 HEADER = "header"  # message record: the global header's parameters
@@ -68,8 +69,9 @@ def header_step(model: FedModel, head: Params, feats: torch.Tensor, labels: torc
     grads = torch.autograd.grad(loss, list(work.values()))
     new, new_buf = {}, ({} if momentum else None)
     for (k, p), g in zip(work.items(), grads):
+        fresh = buf is None or k not in buf
+        g = sgd_direction(g, p, None if fresh else buf[k], momentum, 0.0, fresh)
         if momentum:
-            g = g if buf is None or k not in buf else momentum * buf[k] + g
             new_buf[k] = g.detach()
         new[k] = (p - lr * g).detach()
     return new, new_buf, float(loss.detach())
@@ -119,9 +121,8 @@ class FedGH(PrototypeUpload):
         if not labels:
             return server
         head = server["header"]
-        device = next(iter(head.values())).device
         bs = self.opts.server_batch_size or sctx.run.train.batch_size
-        head, buf, loss = train_header(sctx.model, head, torch.stack(feats), torch.tensor(labels, device=device),
+        head, buf, loss = train_header(sctx.model, head, torch.stack(feats), torch.tensor(labels, device=sctx.run.device),
                                        self.opts, bs, sctx.tree.torch("header"), server.get("header_momentum"))
         sctx.stats["header_loss"] = loss
         out = {**server, "header": head}

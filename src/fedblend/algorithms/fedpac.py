@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch.func import functional_call
 
+from fedblend.algorithms.parts.features import features_of
+from fedblend.algorithms.parts.prototypes import num_classes
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, select, weighted_average
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, RunInfo, ServerCtx, State, score_before_after
-from fedblend.core.training import Batch, LossTerm
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.training import Batch, LossTerm, TrainResult
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def alignment_loss(params: Params, batch: Batch, centroids: torch.Tensor, has: t
 def feature_statistics(model, params: Params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
     """Per-class counts, class means ``mu_k`` (zeros where absent), ``h_k = p(k) mu_k`` and ``V`` (Sec. 4.3)."""
-    feats = torch.cat([functional_call(model, params, (x[i:i + batch_size],), {"part": "features"})
-                       for i in range(0, len(x), batch_size)]).double()
+    feats = features_of(model, params, x, batch_size).double()
     d = feats.shape[1]
     counts = torch.bincount(y, minlength=num_classes).double()
     sums = torch.zeros(num_classes, d, dtype=torch.float64, device=feats.device).index_add_(0, y, feats)
@@ -150,6 +150,7 @@ class FedPAC(Method):
              "Collaboration (FedPAC), ICLR 2023")
     eval_model = ("the global feature extractor with the client's personalized classifier (the server's Eq. 10 "
                   "combination from its last round, else its own head)")
+    evaluates_received_model = True  # global body + own combined head, its next round's start (PFLlib evaluates there)
 
     def head_names(self, run: RunInfo) -> list[str]:
         return run.model.head_names()
@@ -187,13 +188,9 @@ class FedPAC(Method):
         return {**server, "global": glob, "heads": new_heads, "centroids": cent, "has": has}
 
     # ------------------------------------------------------------------------------------------ client
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Statistics on the received model, classifier epoch(s), body epochs with the alignment term, upload."""
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        ncls = int(ctx.run.init_params[self.head_names(ctx.run)[-1]].shape[0])
-        before = feature_statistics(ctx.model, params, ctx.data.train_x, ctx.data.train_y, ncls)
-        score_before_after("bp", params, msg, ctx)
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """Statistics of the model trained from, classifier epoch(s), then body epochs with the alignment term."""
+        before = feature_statistics(ctx.model, params, ctx.data.train_x, ctx.data.train_y, num_classes(ctx.run))
         head, body = self.head_names(ctx.run), ctx.run.model.body_names()
         if self.opts.head_epochs:
             res = yield self.train_spec(params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
@@ -201,16 +198,17 @@ class FedPAC(Method):
             cstate = self.record_training(res, cstate, ctx)
             params = res.params
         res = yield self.train_spec(params, msg, cstate, ctx, trainable=body)
-        score_before_after("ap", res.params, msg, ctx)
-        cstate = self.record_training(res, cstate, ctx)
-        cstate = {**cstate, "params": res.params}
-        for t in self.transforms:
-            cstate = t.after_train(self, res.params, cstate, ctx)
-        after = feature_statistics(ctx.model, res.params, ctx.data.train_x, ctx.data.train_y, ncls)
-        reply = self.reply(res.params, cstate, ctx)
+        res.extras["before"] = before
+        return res, self.record_training(res, cstate, ctx)
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """Body and head, ``V_i`` and ``h_i`` of the model trained from, class centroids of the trained model."""
+        before = res.extras["before"]
+        after = feature_statistics(ctx.model, res.params, ctx.data.train_x, ctx.data.train_y, num_classes(ctx.run))
+        reply = super().reply(res, msg, cstate, ctx)
         reply.arrays["fedpac"] = {"V": before["V"], "h": before["h"], "protos": after["mu"],
                                   "counts": after["counts"].float()}
-        return reply, cstate
+        return reply
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         rec = msg.params("fedpac")
@@ -220,6 +218,3 @@ class FedPAC(Method):
                                           "lam": self.opts.lam, "per_element": self.opts.align_norm == "mean"},
                          needs_features=True, name="fedpac_align"),)
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Global body + personalized head, as the client would start its next round (PFLlib evaluates there)."""
-        return self.client_init(msg, cstate, ctx)

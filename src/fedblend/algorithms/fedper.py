@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.method import Method, State
 
 
 class BodySharing(Method):
@@ -29,14 +29,11 @@ class BodySharing(Method):
     shares = "body"
     eval_model = ("each client's aggregated body (what it receives) with its own head after its last local "
                   "training")
+    evaluates_received_model = True  # the received (aggregated) body over the client's own head: its start of the next round
 
     def global_params(self, server: State) -> Params | None:
         """None: the head is never aggregated, so there is no global model to report."""
         return None
-
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received (aggregated) body over the client's own head: its start of the next round."""
-        return self.client_init(msg, cstate, ctx)
 
 
 @register_method

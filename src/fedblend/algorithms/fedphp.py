@@ -36,9 +36,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.fedavg import FedAvg
+from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone
-from fedblend.core.method import ClientCtx, ClientWork, Message, State
+from fedblend.core.method import ClientCtx, Message, State
 from fedblend.core.training import LossTerm
 from fedblend.models.zoo import FedModel
 
@@ -69,7 +70,7 @@ def hpm_momentum(opts: FedPHPOptions, joins: int, rnd: int, rounds: int) -> floa
 
 def moving_average(hpm: Params, trained: Params, mu_t: float) -> Params:
     """The HPM update ``v <- mu_t v + (1 - mu_t) w``."""
-    return {k: (mu_t * hpm[k] + (1.0 - mu_t) * trained[k]).detach() for k in hpm}
+    return {k: v.detach() for k, v in interpolate(hpm, trained, mu_t).items()}
 
 
 def gaussian_kernels(a: torch.Tensor, b: torch.Tensor, bandwidths: tuple[float, ...] | None) -> torch.Tensor:
@@ -126,13 +127,12 @@ class FedPHP(FedAvg):
                 "temperature": self.opts.temperature}
         return (LossTerm(transfer_loss, args, needs_features=self.opts.transfer != "kd", name="transfer"),)
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """FedAvg's client template, then the HPM moving average on the trained model."""
-        reply, cstate = yield from super().client_train(msg, cstate, ctx)
-        trained = reply.params()  # FedAvg shares every tensor: the upload is the trained model
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """FedAvg's local training, then the HPM moving average on the trained model."""
+        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
         mu_i = hpm_momentum(self.opts, cstate["joins"], ctx.rnd, ctx.run.rounds)
-        cstate = {**cstate, "hpm": moving_average(cstate["hpm"], trained, mu_i), "joins": cstate["joins"] + 1}
-        return reply, cstate
+        cstate = {**cstate, "hpm": moving_average(cstate["hpm"], res.params, mu_i), "joins": cstate["joins"] + 1}
+        return res, cstate
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["hpm"] if cstate["joins"] else self.client_init(msg, cstate, ctx)

@@ -36,16 +36,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch.func import functional_call
 
+from fedblend.algorithms.parts.prototypes import COUNTS, PROTOS, PrototypeUpload, num_classes
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 from fedblend.core.training import LossTerm
 from fedblend.models.zoo import FedModel
-
-PROTOS = "protos"  # message record: {str(class): prototype vector}
-COUNTS = "class_counts"  # reply metric: {str(class): samples of that class}
 
 
 @dataclass(frozen=True)
@@ -64,36 +61,6 @@ class FedProtoOptions:
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
-def num_classes(run: RunInfo) -> int:
-    """Output size of the model (the last head tensor is the output layer's bias)."""
-    return int(run.init_params[run.model.head_names()[-1]].shape[0])
-
-
-@torch.no_grad()
-def features_of(model: FedModel, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-                batch_size: int = 2048) -> torch.Tensor:
-    """The body's output ``f(x)`` for every row of ``x`` (no gradient)."""
-    outs = [functional_call(model, dict(params), (x[i : i + batch_size],), {"part": "features"})
-            for i in range(0, len(x), batch_size)]
-    return torch.cat(outs) if outs else torch.zeros(0)
-
-
-def class_prototypes(feats: torch.Tensor, y: torch.Tensor) -> tuple[Params, dict[str, int]]:
-    """FedProto Eq. 4: the mean feature of every class present in ``y`` (keys ``str(class)``), and the counts."""
-    protos: Params = {}
-    counts: dict[str, int] = {}
-    for c in torch.unique(y).tolist():
-        mask = y == c
-        protos[str(c)] = feats[mask].mean(0)
-        counts[str(c)] = int(mask.sum())
-    return protos, counts
-
-
-def local_prototypes(params: Params, ctx: ClientCtx) -> tuple[Params, dict[str, int]]:
-    """Prototypes of the client's training data under ``params`` (after local training)."""
-    return class_prototypes(features_of(ctx.model, params, ctx.data.train_x), ctx.data.train_y)
-
-
 def average_prototypes(uploads: list[tuple[Params, Mapping[str, int]]], weighting: str = "samples") -> Params:
     """FedProto Eq. 6: per class, the mean of the uploaded prototypes weighted by the uploaders' sample counts of
     that class (``"samples"``) or equally (``"uniform"``), over the clients that uploaded the class."""
@@ -147,20 +114,7 @@ def prototype_head(model: FedModel, protos: Mapping[str, torch.Tensor], classes:
     return {names[0]: 2.0 * mat, names[1]: bias}
 
 
-# ------------------------------------------------------------------------------------------------ the methods
-class PrototypeUpload(Method):
-    """Clients upload class prototypes of their trained model and no parameter (FedProto, FedGH)."""
-
-    has_global = False
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return []  # no parameter goes up
-
-    def reply(self, params: Params, cstate: State, ctx: ClientCtx) -> Message:
-        protos, counts = local_prototypes(params, ctx)
-        return Message({PROTOS: protos}, {"num_samples": ctx.data.num_train, COUNTS: counts})
-
-
+# ------------------------------------------------------------------------------------------------ the method
 @register_method
 class FedProto(PrototypeUpload):
     name = "fedproto"

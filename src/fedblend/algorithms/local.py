@@ -21,7 +21,7 @@ class Local(Method):
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         return Message()
 
-    def reply(self, params, cstate: State, ctx: ClientCtx) -> Message:
+    def reply(self, res, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         return Message()
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:

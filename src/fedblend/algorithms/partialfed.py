@@ -35,10 +35,10 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.fedavg import FedAvg
-from fedblend.algorithms.ownloop import batch_loss, batch_stream, grad, steps_per_epochs
+from fedblend.algorithms.parts.ownloop import batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, ClientWork, Message, State
+from fedblend.core.method import ClientCtx, Message, State
 
 
 @dataclass(frozen=True)
@@ -132,10 +132,9 @@ class PartialFed(FedAvg):
         ctx.stats["partialfed_global_share"] = sum(float(v >= 0.5) for v in s.values()) / len(s)
         return {**cstate, "strategy": s, "rounds": int(cstate["rounds"]) + 1}
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Learn the strategy (Sec. 3.3), then the template: partial initialisation, local SGD, upload."""
-        cstate = self.learn_strategy(msg, cstate, ctx)
-        return (yield from super().client_train(msg, cstate, ctx))
+    def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
+        """Learn the strategy (Sec. 3.3) before the template's partial initialisation, local SGD, upload."""
+        return self.learn_strategy(msg, cstate, ctx)
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["params"]

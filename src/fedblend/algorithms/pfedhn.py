@@ -10,7 +10,7 @@ linear head per parameter tensor of the target model (Sec. 3, App. "Hypernetwork
 * line 8: ``Delta theta_i = theta_i - theta~_i`` (generated minus trained, as the authors' code);
 * lines 9-10: ``phi <- phi - beta (grad_phi theta_i)^T Delta theta_i`` and
   ``v_i <- v_i - beta (grad_{v_i} theta_i)^T Delta theta_i`` -- a vector-Jacobian product
-  (:func:`fedblend.algorithms.hypernet.vjp`); the optimiser is the authors' SGD (momentum 0.9, weight decay
+  (:func:`fedblend.algorithms.parts.hypernet.vjp`); the optimiser is the authors' SGD (momentum 0.9, weight decay
   1e-3 on everything but the embeddings, gradient-norm clip 50), kept as data in the server state.
 
 Clients are processed one after another within a round (``sequential = true``, Alg. 1 samples one client per
@@ -33,11 +33,12 @@ from typing import ClassVar
 
 import torch
 
-from fedblend.algorithms.hypernet import part, proxy_cotangent, vjp
+from fedblend.algorithms.parts.hypernet import part, proxy_cotangent, vjp
+from fedblend.algorithms.parts.nets import mlp, mlp_init
 from fedblend.algorithms.registry import register_method
-from fedblend.algorithms.rl.nets import clip_grad_norm, mlp, mlp_init, sgd_init, sgd_step
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.optim import clip_grad_norm, sgd_init, sgd_step
 from fedblend.core.training import TrainSpec
 
 
@@ -96,6 +97,7 @@ class PFedHN(Method):
     paper = "Shamsian et al., Personalized Federated Learning using Hypernetworks (pFedHN), ICML 2021"
     eval_model = ("the model the server's hypernetwork generates for the client now (pFedHN-PC: with the client's "
                   "own head)")
+    evaluates_received_model = True  # the generated model (+ own head for pFedHN-PC)
     has_global = False
     client_keeps_model = False
 
@@ -117,16 +119,12 @@ class PFedHN(Method):
     def init_server(self, sctx: ServerCtx) -> State:
         targets = {n: sctx.run.init_params[n] for n in self.shared_names(sctx.run)}
         net = init_hypernet(targets, sctx.run.num_clients, self.opts, sctx.tree.torch("hypernet-init"))
-        dev = next(iter(targets.values())).device
-        net = {k: v.to(dev) for k, v in net.items()}
+        net = {k: v.to(sctx.run.device) for k, v in net.items()}
         return {"hn": net, "opt": sgd_init(net)}
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         with torch.no_grad():
             return Message({"params": generate(server["hn"], cid, self._shapes(sctx.run))})
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        return self.configure_train(server, cid, sctx)
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         net, shapes = server["hn"], self._shapes(sctx.run)
@@ -149,6 +147,3 @@ class PFedHN(Method):
             kw = {"steps": self.opts.inner_steps, **kw}
         return super().train_spec(params, msg, cstate, ctx, **kw)
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The generated model (+ own head for pFedHN-PC)."""
-        return self.client_init(msg, cstate, ctx)

@@ -10,7 +10,7 @@ layer-wise aggregation-weight matrix ``alpha_i`` (``L x N``). Per round, for eve
 * the client trains ``theta-bar_i`` and sends back ``theta_i``; the server stores it as the new ``theta_i``;
 * the hypernetwork is updated through the chain rule:
   ``phi_i <- phi_i - eta (grad_{phi_i} alpha_i)^T (grad_{alpha_i} theta-bar_i)^T d_i`` -- the vector-Jacobian
-  product of the whole map ``phi_i -> theta-bar_i`` with ``d_i`` (:func:`fedblend.algorithms.hypernet.vjp`).
+  product of the whole map ``phi_i -> theta-bar_i`` with ``d_i`` (:func:`fedblend.algorithms.parts.hypernet.vjp`).
 
 The sign of ``d_i`` (``sign``): ``"descent"`` (default) ``d_i = theta-bar_i - theta_i``, descent on
 ``1/2 ||theta-bar_i(phi_i) - theta_i||^2`` -- the aggregate moves towards what the client learned, the same rule as
@@ -34,12 +34,14 @@ from typing import ClassVar
 
 import torch
 
-from fedblend.algorithms.fedapa import aggregate_row
-from fedblend.algorithms.hypernet import part, proxy_cotangent, vjp
+from fedblend.algorithms.parts.hypernet import part, proxy_cotangent, vjp
+from fedblend.algorithms.parts.nets import mlp, mlp_init
+from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
-from fedblend.algorithms.rl.nets import mlp, mlp_init, sgd_init, sgd_step
-from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.common.params import Params, layer_of, stack_copies, with_rows
+from fedblend.common.rng import SeedTree
+from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.optim import sgd_init, sgd_step
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class PFedLA(Method):
     options_cls = PFedLAOptions
     paper = "Ma et al., Layer-wised Model Aggregation for Personalized Federated Learning (pFedLA), CVPR 2022"
     eval_model = "the layer-wise aggregate theta-bar_i the client's hypernetwork builds now (what it would receive)"
+    evaluates_received_model = True  # the layer-wise aggregate the client's hypernetwork builds now
     has_global = False
     client_keeps_model = False
 
@@ -123,20 +126,15 @@ class PFedLA(Method):
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         """Every stored ``theta_j`` is the initial model; hypernetworks are created at a client's first round."""
-        m, init = sctx.run.num_clients, sctx.run.init_params
-        return {"thetas": {n: t.detach().unsqueeze(0).repeat((m,) + (1,) * t.dim()) for n, t in init.items()},
-                "hn": {}, "opt": {}}
+        return {"thetas": stack_copies(sctx.run.init_params, sctx.run.num_clients), "hn": {}, "opt": {}}
 
     def hypernet(self, server: State, cid: int, sctx: ServerCtx) -> dict:
         """Client ``cid``'s hypernetwork (a fresh one, from its own seed stream, before its first update)."""
         if cid in server["hn"]:
             return server["hn"][cid]
-        from fedblend.common.rng import SeedTree
-
         gen = SeedTree(sctx.run.seed).torch("pfedla-hypernet", cid)
-        dev = next(iter(sctx.run.init_params.values())).device
         net = init_hypernet(len(self._grouping(sctx.run)), sctx.run.num_clients, self.opts, gen)
-        return {k: v.to(dev) for k, v in net.items()}
+        return {k: v.to(sctx.run.device) for k, v in net.items()}
 
     def personalized(self, server: State, cid: int, sctx: ServerCtx) -> Params:
         grouping = self._grouping(sctx.run)
@@ -146,9 +144,6 @@ class PFedLA(Method):
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         return Message({"params": self.personalized(server, cid, sctx)})
-
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        return self.configure_train(server, cid, sctx)
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Hypernetwork steps (chain rule through the aggregation), then the uploads replace the stored models."""
@@ -165,14 +160,5 @@ class PFedLA(Method):
             grads = vjp(net, build, proxy_cotangent(bar, replies[cid].params(), self.opts.sign))
             hn[cid], opt[cid] = sgd_step(net, grads, server["opt"].get(cid) or sgd_init(net), self.opts.hn_lr,
                                          self.opts.hn_momentum)
-        new_thetas = {}
-        for n, t in thetas.items():
-            t = t.clone()
-            for cid, r in replies.items():
-                t[cid] = r.params()[n].detach()
-            new_thetas[n] = t
+        new_thetas = with_rows(thetas, {cid: r.params() for cid, r in replies.items()})
         return {**server, "thetas": new_thetas, "hn": hn, "opt": opt}
-
-    # ------------------------------------------------------------------------------------------ client
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        return self.client_init(msg, cstate, ctx)

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedblend.algorithms.ownloop import LossFn, OwnLoopMethod, batch_loss, batch_stream, grad, steps_per_epochs
+from fedblend.algorithms.parts.mix import interpolate
+from fedblend.algorithms.parts.ownloop import LossFn, OwnLoopMethod, batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
@@ -66,7 +67,7 @@ def local_step(w: Params, theta: Mapping, lamda: float, eta: float) -> Params:
 
 def server_mix(old: Mapping, avg: Mapping, beta: float) -> Params:
     """Alg. 1 line 11: ``(1 - beta) w^t + beta * avg``."""
-    return {k: (1 - beta) * old[k] + beta * avg[k] for k in avg}
+    return interpolate(avg, old, beta)
 
 
 @register_method

@@ -5,7 +5,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
 * ``"upload"`` (Alg. 1 line 3): each selected client uploads its current model (its model after its last local
   training; paper Sec. 3: before their first round clients train the initial model locally,
   ``initial_training``) with its data size and ``acc_pre``, the accuracy of that model on its validation split.
-  The server embeds the heads (line 4, :mod:`fedblend.algorithms.rl.embedding`) and, for every selected ``k``,
+  The server embeds the heads (line 4, :mod:`fedblend.algorithms.parts.rl.embedding`) and, for every selected ``k``,
   forms the agent state ``S_k = [e_k' for k' in K'] + [e_k]`` (Alg. 2 line 3) and the action ``A_k`` (line 4).
 * ``"train"`` (Alg. 1 lines 5-13): the server sends ``k`` its personalized model (Alg. 2):
   body ``Psi_k = rho_k Psi_k + sum_k' rho_k' Psi_k'`` with ``rho = d / (d_k + sum d_k')`` (lines 1-2), head
@@ -13,7 +13,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
   validation split (``acc_agg``), trains it locally, and replies. The server computes the reward (Eq. 1)
   ``R = b1 r1 + b2 r2 + b3 r3``, ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``,
   ``r3 = -||A_k - V_k||^2`` with ``V_k`` of Eq. 2, stores ``(S_k, A_k, R)`` in the replay buffer and, on the
-  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.rl.ddpg`) and the embedding network.
+  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.parts.rl.ddpg`) and the embedding network.
   ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
 
 What ``K'`` stores (``storage``): ``"uploads"`` (default, Alg. 1 lines 3 and 9): the models the previous
@@ -29,25 +29,31 @@ See ``docs/methods/pfedrlla.md`` for paper vs code choices.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.parts.rl import ddpg, embedding
+from fedblend.algorithms.parts.rl.agent_file import AGENT_FIX, AgentFileError, load_agent, save_agent, shape_mismatch
+from fedblend.algorithms.parts.rl.rewards import (
+    body_weights,
+    head_layers,
+    mix,
+    reward,
+    reward_terms,
+    similarity_target,
+    validation_accuracy,
+)
 from fedblend.algorithms.registry import register_method
-from fedblend.algorithms.rl import ddpg, embedding
-from fedblend.common.errors import CheckpointError, UserFileError
 from fedblend.common.options import ConfigError
-from fedblend.common.params import Params, layer_of, weighted_average
-from fedblend.core.evaluation import evaluate_params
+from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
-
-AGENT_FORMAT = "fedblend-pfedrlla-agent/1"
 
 
 @dataclass(frozen=True)
@@ -109,139 +115,6 @@ class PFedRLLAOptions:
         return embedding.EmbedConfig(self.embedding, self.emb_dim, self.factor, self.ae_lr)
 
 
-# ------------------------------------------------------------------------------------------------ pure parts
-def head_layers(model: FedModel, rule: str) -> tuple[str, ...]:
-    """``"model"``: the model's own head; ``"fc"``: its trailing run of linear layers (2-D weights), leaving at
-    least one layer in the body (the authors' CNN: body = the two conv layers, head = the two fc layers)."""
-    if rule == "model":
-        return tuple(model.head_layers)
-    params = dict(model.named_parameters())
-    out: list[str] = []
-    for ly in reversed(model.layers[1:]):
-        if params.get(f"{ly}.weight") is None or params[f"{ly}.weight"].dim() != 2:
-            break
-        out.insert(0, ly)
-    return tuple(out) or tuple(model.head_layers)
-
-
-def body_weights(sizes: Sequence[float], rule: str) -> torch.Tensor:
-    """Alg. 2 line 1 over ``[K'..., k]`` (``sizes`` in that order): ``rho_i = d_i / sum d``; ``"mean"``: uniform;
-    ``"local"``: all weight on ``k`` (the last entry)."""
-    d = torch.as_tensor([float(s) for s in sizes], dtype=torch.float64)
-    if rule == "size":
-        return d / d.sum()
-    if rule == "mean":
-        return torch.full_like(d, 1.0 / len(d))
-    w = torch.zeros_like(d)
-    w[-1] = 1.0
-    return w
-
-
-def mix(models: Sequence[Mapping[str, torch.Tensor]], weights: torch.Tensor, names: Sequence[str]) -> Params:
-    """``sum_i w_i theta_i`` over the tensors ``names`` (Alg. 2 lines 2 and 5; weights sum to 1)."""
-    return weighted_average([{n: m[n] for n in names} for m in models], weights.tolist())
-
-
-def similarity_target(e_prev: torch.Tensor, e_k: torch.Tensor) -> torch.Tensor:
-    """Eq. 2: ``V_k = ({d(e_k, e_k')}_k', 1) / (sum_k' d(e_k, e_k') + 1)``, ``d = (cos + 1) / 2``."""
-    cos = torch.nn.functional.cosine_similarity(e_prev.double(), e_k.double().unsqueeze(0), dim=1)
-    d = torch.cat([(cos + 1) / 2, torch.ones(1, dtype=torch.float64)])
-    return (d / d.sum()).float()
-
-
-def reward_terms(acc_agg: float, acc_pre: float, action: torch.Tensor, target: torch.Tensor, acc_tar: float,
-                 norm: str = "squared") -> tuple[float, float, float]:
-    """Eq. 1b-1d: ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``, ``r3 = -||A_k - V_k||^2``
-    (``norm = "plain"``: ``-||A_k - V_k||``, the authors' code)."""
-    dist = float(torch.linalg.vector_norm(action.double() - target.double()))
-    return math.exp(acc_agg - acc_tar) - 1.0, acc_agg - acc_pre, -(dist ** 2 if norm == "squared" else dist)
-
-
-def reward(terms: Sequence[float], beta: Sequence[float]) -> float:
-    """Eq. 1a: ``R = sum_i beta_i r_i``."""
-    return float(sum(b * r for b, r in zip(beta, terms)))
-
-
-@torch.no_grad()
-def validation_accuracy(model: FedModel, params: Mapping[str, torch.Tensor], data) -> float:
-    """Accuracy on the client's validation split (the 65/15/20 split's 15%); a client without one (another
-    split mode) scores on its training split."""
-    x, y = (data.val_x, data.val_y) if len(data.val_y) else (data.train_x, data.train_y)
-    c, _, n = evaluate_params(model, params, x, y)
-    return c / n if n else 0.0
-
-
-# ------------------------------------------------------------------------------------------------ agent files
-def save_agent(server: State, path: str | Path) -> Path:
-    """Write the embedding network and the agent (weights, Adam moments, replay buffer) of a run to ``path``."""
-    from fedblend.core.checkpoint import save_checkpoint
-
-    if server.get("agent") is None or server.get("embed") is None:
-        raise ValueError("this pFedRLLA server state has no trained agent (head_weights = 'agent' and at least "
-                         "one round are needed)")
-    path = Path(path)
-    save_checkpoint(path, {"format": AGENT_FORMAT, "embed": server["embed"], "agent": server["agent"]})
-    return path
-
-
-class AgentFileError(UserFileError):
-    """An agent file (``options.agent``) that cannot serve this run: names the file, what differs and the fix."""
-
-
-class AgentFileMissingError(AgentFileError, FileNotFoundError):
-    pass
-
-
-AGENT_FIX = "make one with `fedblend pretrain` for the same model, clients per round and embedding options"
-
-
-def load_agent(path: str | Path) -> dict:
-    from fedblend.core.checkpoint import load_checkpoint
-
-    path = Path(path)
-    if not path.is_file():
-        raise AgentFileMissingError(f"options.agent: no agent file at {path} (make one with `fedblend pretrain`)")
-    try:
-        data = load_checkpoint(path)
-    except CheckpointError as exc:
-        raise AgentFileError(f"options.agent = {str(path)!r} is not a readable agent file ({exc.__cause__ or exc}); "
-                             f"{AGENT_FIX}") from exc
-    if not isinstance(data, dict) or data.get("format") != AGENT_FORMAT:
-        fmt = data.get("format") if isinstance(data, dict) else None
-        raise AgentFileError(f"options.agent = {str(path)!r} is not a pFedRLLA agent file (format {fmt!r}, expected "
-                             f"{AGENT_FORMAT!r}); {AGENT_FIX}")
-    for key in ("embed", "agent"):
-        if not isinstance(data.get(key), dict):
-            raise AgentFileError(f"options.agent = {str(path)!r} has no {key!r} network; {AGENT_FIX}")
-    return data
-
-
-def shape_mismatch(want: Any, got: Any, path: str = "", free: tuple[str, ...] = ()) -> str | None:
-    """Where ``got`` differs from ``want`` in structure (keys, list lengths, types) or tensor shape, as text; the
-    first dimension of tensors whose path starts with one of ``free`` may differ (a replay buffer's length)."""
-    if isinstance(want, torch.Tensor):
-        if not isinstance(got, torch.Tensor):
-            return f"{path}: a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
-        w, g = tuple(want.shape), tuple(got.shape)
-        if path.startswith(free) and len(w) == len(g) and w[1:] == g[1:]:
-            return None
-        return None if w == g else f"{path}: shape {g}, expected {w}"
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(want) != set(got):
-            keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
-            return f"{path or 'the file'}: holds {keys}, expected {sorted(map(str, want))}"
-        return next((m for k in want if (m := shape_mismatch(want[k], got[k], f"{path}.{k}" if path else k, free))),
-                    None)
-    if isinstance(want, (list, tuple)):
-        if not isinstance(got, (list, tuple)) or len(want) != len(got):
-            return f"{path}: {len(got) if isinstance(got, (list, tuple)) else type(got).__name__} entries, expected {len(want)}"
-        return next((m for i, (a, b) in enumerate(zip(want, got)) if (m := shape_mismatch(a, b, f"{path}[{i}]", free))),
-                    None)
-    if isinstance(want, (int, float)) and not isinstance(want, bool):
-        return None if isinstance(got, (int, float)) and not isinstance(got, bool) else f"{path}: {got!r}, expected a number"
-    return None
-
-
 # ------------------------------------------------------------------------------------------------ the method
 @register_method
 class PFedRLLA(Method):
@@ -250,7 +123,17 @@ class PFedRLLA(Method):
     paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
              "(pFedRLLA, ICLR 2024 submission)")
     eval_model = "each client's current model (its personalized model after its last local training)"
+    evaluates_own_model = True  # a client evaluates its own current model
     has_global = False
+    pretrainable = True  # App. D: the agent is pre-trained on a run whose bodies stay local
+
+    @classmethod
+    def pretrain_options(cls, options: Mapping) -> dict:
+        return pretrain_options(options)
+
+    @classmethod
+    def save_pretrained(cls, server: State, path: str | Path) -> Path:
+        return save_agent(server, path)
 
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
         return ("upload", "train")
@@ -450,10 +333,6 @@ class PFedRLLA(Method):
         sctx.stats["server_agent_seconds"] = sctx.stats.get("server_agent_seconds", 0.0) + time.perf_counter() - t0
         return {**server, "agent": agent}
 
-    def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Nothing: a client evaluates its own current model."""
-        return Message()
-
     # ------------------------------------------------------------------------------------------ client
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
         if phase == "upload":
@@ -468,14 +347,19 @@ class PFedRLLA(Method):
         acc = validation_accuracy(ctx.model, cstate["params"], ctx.data)
         return Message({"params": cstate["params"]}, {"num_samples": ctx.data.num_train, "acc_pre": acc}), cstate
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Score the received model (``acc_agg``, Eq. 1b-1c), then train it locally (Alg. 1 line 12)."""
-        acc = validation_accuracy(ctx.model, msg.params(), ctx.data)
-        reply, cstate = yield from super().client_train(msg, cstate, ctx)
-        reply.metrics["acc_agg"] = acc
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """Train the received model locally (Alg. 1 line 12)."""
+        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
+        return res, {**cstate, "trained": True}
+
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The trained model (none with ``storage = "uploads"``) and the received model's score ``acc_agg``
+        (Eq. 1b-1c; the received model is not changed by training, so scoring it here equals scoring it first)."""
+        reply = super().reply(res, msg, cstate, ctx)
+        reply.metrics["acc_agg"] = validation_accuracy(ctx.model, msg.params(), ctx.data)
         if self.opts.storage == "uploads":
             reply.arrays = {}
-        return reply, {**cstate, "trained": True}
+        return reply
 
 
 def pretrain_options(options: Mapping) -> dict:

@@ -49,6 +49,9 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
     cls = METHODS[base]
     transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
                   for p in parts]
+    if transforms and not cls.accepts_transforms:
+        raise ValueError(f"{spec!r}: {base} trains from a model of its own that no client transform can change; "
+                         f"run it without {'+'.join(parts)}")
     for t in transforms:
         if t.requires_global and not cls.has_global:
             raise ValueError(f"{spec!r}: {base} has no global model for {t.name} to blend from")

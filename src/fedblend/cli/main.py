@@ -346,20 +346,22 @@ def _refuse_run_in(out: Path, force: bool) -> None:
 
 
 def _pretrain(cfg, args: argparse.Namespace) -> int:
-    """Run ``cfg`` as a pFedRLLA pre-training run (its results directory is ``OUT.run/``), then write the
-    agent file ``OUT`` that ``options.agent`` loads."""
-    from fedblend.algorithms.pfedrlla import pretrain_options, save_agent
+    """Run ``cfg`` as its method's pre-training run (its results directory is ``OUT.run/``), then write what it
+    learned to ``OUT`` (pFedRLLA: the agent file that ``options.agent`` loads)."""
+    from fedblend.algorithms.registry import METHODS, parse_method
     from fedblend.common.options import ConfigError
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
     from fedblend.experiment import Progress, run_experiment
 
-    if cfg.method != "pfedrlla":
-        raise ConfigError(f"pretrain needs method = 'pfedrlla', got {cfg.method!r}")
+    method = METHODS[parse_method(cfg.method)[0]]
+    if not method.pretrainable:
+        able = " or ".join(f"method = {n!r}" for n, c in sorted(METHODS.items()) if c.pretrainable)
+        raise ConfigError(f"pretrain needs a method with a pre-training run ({able}), got {cfg.method!r}")
     if not args.out:
         raise ConfigError("pretrain needs --out AGENT_FILE")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg.options = pretrain_options(cfg.options)
+    cfg.options = method.pretrain_options(cfg.options)
     cfg.checkpoint_every = cfg.rounds
     out = Path(args.out)
     if out.is_dir() or out.name in ("", ".", ".."):
@@ -368,7 +370,7 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
     with DirLock(run_dir, "pre-training run directory"):  # the run, then the agent file from its checkpoint
         run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
-        save_agent(load_checkpoint(run_dir / FILENAME)["server"], out)
+        method.save_pretrained(load_checkpoint(run_dir / FILENAME)["server"], out)
     print(f"agent file {out} (pre-training run in {run_dir})")
     return 0
 

@@ -61,8 +61,16 @@ def sub(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> Params:
     return {k: a[k] - b[k] for k in a}
 
 
-def flatten(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in params.values()])
+def flatten(params: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Every tensor as one vector, in the dictionary's order (converted to ``dtype`` when given)."""
+    return torch.cat([t.reshape(-1) if dtype is None else t.reshape(-1).to(dtype) for t in params.values()])
+
+
+def unflatten(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Params:
+    """The vector ``flat`` cut into tensors shaped (and typed) as ``like``'s, in its order (views where the dtype
+    matches: clone to own the storage)."""
+    parts = torch.split(flat, [t.numel() for t in like.values()])
+    return {n: p.view_as(t).to(t.dtype) for (n, t), p in zip(like.items(), parts)}
 
 
 def stack_copies(params: Mapping[str, torch.Tensor], m: int) -> Params:

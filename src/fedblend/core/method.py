@@ -23,17 +23,22 @@ them in order, each as configure -> clients -> aggregate.
 
 Client training is a spec a backend runs: :meth:`Method.client_train` is a generator that ``yield``s
 :class:`~fedblend.core.training.TrainSpec`s and receives each one's :class:`TrainResult`; plain code between
-the yields (ALA's blend-weight learning, Per-FedAvg's inner loop) runs on the client as it is. The default is a
-template::
+the yields (ALA's blend-weight learning, Per-FedAvg's inner loop) runs on the client as it is. It is one template,
+written once and closed: no method re-types it (``tests/test_contract.py`` checks), methods vary it through
+hooks::
 
-    params = client_init(msg, cstate)        # own parameters overwritten by what was received
+    cstate = before_training(msg, cstate)    # hook: client-side work before anything else (PartialFed's strategy)
+    params = client_init(msg, cstate)        # hook: own parameters overwritten by what was received
     params = transform(params, cstate) ...   # composable client-side parts, e.g. ALA ("fedavg+ala")
-    result = yield train_spec(params, ...)   # local_training: local SGD with the method's loss terms (FedProx:
-                                             # proximal); FedRep / Ditto yield more specs there
-    reply  = reply(result.params)            # the shared part + num_samples
+    score "bp" on scored_params(params)      # under eval.before_after; hook: the model as evaluated (DBE's bias)
+    result = yield from local_training(...)  # hook: one spec with the method's loss terms (FedProx: proximal);
+                                             # FedRep / Ditto / FedPAC yield more specs, own-loop methods none
+    score "ap" on scored_params(result.params)
+    keep the model, transforms' after_train
+    reply  = reply(result, msg, cstate)      # hook: the shared part + num_samples (+ a method's records)
 
-so a method overrides only what differs from FedAvg, and a :class:`ClientTransform` composes with every method
-that keeps the template, without either knowing the other.
+so a method overrides only what differs from FedAvg, and a :class:`ClientTransform` composes with every method,
+without either knowing the other.
 
 States (``server``, ``cstate``) are plain data -- tensors, numbers, strings, dicts and lists of them -- that the
 runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a method object holds only its options.
@@ -196,6 +201,18 @@ class Method:
     #: the client half runs an optimisation loop of its own as plain code besides its TrainSpecs (Per-FedAvg,
     #: pFedMe inner solvers); a batching backend runs such clients one by one
     client_own_loop: ClassVar[bool] = False
+    #: whether client transforms (ALA, ...) can change the model the client trains from; a method whose local
+    #: training ignores the template's ``params`` sets False and the registry refuses ``method+transform``
+    accepts_transforms: ClassVar[bool] = True
+    #: the personalized model evaluated is what the client would start training from now (``client_init`` of the
+    #: evaluation message: FedAvg's global model, FedPer's received body with the own head); False: its model
+    #: after its last local training (``cstate["params"]``)
+    evaluates_received_model: ClassVar[bool] = False
+    #: the client evaluates a model it holds, so the evaluation message is empty
+    evaluates_own_model: ClassVar[bool] = False
+    #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
+    #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
+    pretrainable: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
@@ -232,6 +249,14 @@ class Method:
 
     def shared_names(self, run: RunInfo) -> list[str]:
         return list(run.init_params) if self.shares == "all" else run.model.body_names()
+
+    @classmethod
+    def pretrain_options(cls, options: Mapping[str, Any]) -> dict:
+        raise NotImplementedError(f"{cls.name} has no pre-training run")
+
+    @classmethod
+    def save_pretrained(cls, server: State, path: Any) -> Any:
+        raise NotImplementedError(f"{cls.name} has no pre-training run")
 
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
         """The exchanges of round ``sctx.rnd``, in order (default: one, ``"train"``)."""
@@ -273,6 +298,8 @@ class Method:
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
         model (``"global"``) where the method has one."""
+        if self.evaluates_own_model:
+            return Message()
         msg = self.configure_train(server, cid, sctx)
         glob = self.global_params(server)
         if glob is not None:
@@ -316,33 +343,55 @@ class Method:
         ctx.stats["train_loss"] = res.mean_loss
         return cstate
 
-    def reply(self, params: Params, cstate: State, ctx: ClientCtx) -> Message:
-        return Message({"params": select(params, self.shared_names(ctx.run))}, {"num_samples": ctx.data.num_train})
+    # ---------------------------------------------------------------------------------- template hooks
+    def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
+        """Hook: client-side work before the client initialises its model (default: none)."""
+        return cstate
+
+    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """Hook: the model that ``params`` stand for when scored before / after training (default: ``params``;
+        DBE adds its representation bias)."""
+        return params
 
     def local_training(self, params: Params, msg: Message, cstate: State,
                        ctx: ClientCtx) -> Generator[TrainSpec, TrainResult, tuple[TrainResult, State]]:
-        """The template's training step: one spec (:meth:`train_spec`), then :meth:`record_training`. A method
-        that trains in several specs (FedRep's head then body phases, Ditto's personalized model) overrides this
-        and returns the result whose ``params`` are the client's trained model, and the updated state."""
+        """Hook, the template's training step: one spec (:meth:`train_spec`), then :meth:`record_training`. A
+        method that trains in several specs (FedRep's head then body phases, Ditto's personalized model) or in a
+        loop of its own overrides this and returns the result whose ``params`` are the client's trained model,
+        and the updated state."""
         res = yield self.train_spec(params, msg, cstate, ctx)
         return res, self.record_training(res, cstate, ctx)
 
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """Hook: the training reply, from the trained model (``res.params``; ``res.extras`` holds what the
+        method's ``local_training`` left for it): the shared parameters and ``num_samples``."""
+        shared = select(res.params, self.shared_names(ctx.run))
+        return Message({"params": shared}, {"num_samples": ctx.data.num_train})
+
+    # ------------------------------------------------------------------------------ the client template
     def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        """The client half of a training exchange (module docstring): closed, varied only through the hooks."""
+        cstate = self.before_training(msg, cstate, ctx)
         params = self.client_init(msg, cstate, ctx)
         params, cstate = self.apply_transforms(params, cstate, ctx)
-        score_before_after("bp", params, msg, ctx)
+        self._score("bp", params, msg, cstate, ctx)
         res, cstate = yield from self.local_training(params, msg, cstate, ctx)
-        score_before_after("ap", res.params, msg, ctx)
+        self._score("ap", res.params, msg, cstate, ctx)
         if self.keeps_model:
             cstate = {**cstate, "params": res.params}
         for t in self.transforms:
             cstate = t.after_train(self, res.params, cstate, ctx)
-        return self.reply(res.params, cstate, ctx), cstate
+        return self.reply(res, msg, cstate, ctx), cstate
+
+    def _score(self, tag: str, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> None:
+        if msg.config.get(BEFORE_AFTER):
+            score_before_after(tag, self.scored_params(params, msg, cstate, ctx), msg, ctx)
 
     # ----------------------------------------------------------------------------------------- evaluation
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The method's own personalized model of the client (default: its model after local training)."""
-        return cstate["params"]
+        """The method's own personalized model of the client: its model after local training, or what it would
+        start training from (``evaluates_received_model``)."""
+        return self.client_init(msg, cstate, ctx) if self.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Parameters of the client's personalized model as the method's paper evaluates it: the method's

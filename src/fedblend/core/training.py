@@ -102,6 +102,9 @@ class TrainResult:
     mean_loss: float
     steps: int
     samples: int
+    #: what a method's ``local_training`` hands its ``reply`` hook besides the trained model (e.g. FedPAC's
+    #: statistics of the model it trained from); travels in no message and is never state
+    extras: dict = field(default_factory=dict)
 
 
 def batches(n: int, batch_size: int, epochs: int, generator: torch.Generator,

@@ -9,7 +9,8 @@ step is not updated (its parameters and momentum buffers are kept by ``torch.whe
 batches from its own stream exactly as the sequential backend does, so the results agree with it up to
 floating-point reassociation (tested within tolerance, not bit for bit).
 
-What cannot be batched runs one by one through the sequential path, with a one-line notice: clients whose work
+What cannot be batched runs one by one through the sequential path, with a one-line notice (and counted per
+reason in every round's metrics, :meth:`VmapBackend.report`): clients whose work
 includes an own loop (``Method.has_own_loop``: ALA's weight learning, inner solvers) and specs with loss terms
 that look at the batch (only terms with ``uses_batch = False``, such as FedProx's proximal term, are batched)
 or shift the features (DBE).
@@ -34,6 +35,7 @@ from fedblend.common.params import Params
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
+from fedblend.core.optim import sgd_direction
 from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batches, batches_per_epoch
 
 
@@ -134,14 +136,11 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             for n in names:
                 shape = (C,) + (1,) * (train[n].dim() - 1)
                 a = act.view(shape)
-                g = grads[n]
-                if cfg.weight_decay:
-                    g = g + cfg.weight_decay * train[n]
+                g = sgd_direction(grads[n], train[n], bufs.get(n), cfg.momentum, cfg.weight_decay,
+                                  ~has_buf[n].view(shape))
                 if use_mom:
-                    b = torch.where(has_buf[n].view(shape), cfg.momentum * bufs[n] + g, g)
-                    bufs[n] = torch.where(a, b, bufs[n])
+                    bufs[n] = torch.where(a, g, bufs[n])
                     has_buf[n] |= act
-                    g = b
                 train[n] = torch.where(a, train[n] - lr * g, train[n])
             sizes = mask.sum(1).double().cpu()
             totals += losses.detach().double().cpu() * sizes
@@ -185,6 +184,16 @@ class VmapBackend:
 
     def __init__(self):
         self.noticed = False
+        self.counts: dict[str, int] = {}  # since the last report: specs batched, and run one by one per reason
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def report(self) -> dict:
+        """How the round's training ran (the engine adds it to the round's metrics): ``vmap_batched_specs`` and
+        ``vmap_one_by_one_<reason>`` (``own_loop`` clients, specs with a ``batch_term`` or a ``feature_shift``)."""
+        counts, self.counts = self.counts, {}
+        return counts
 
     def start(self, method, run, data, tree) -> None:
         self.method, self.run_info = method, run
@@ -205,6 +214,7 @@ class VmapBackend:
             for i, j in enumerate(jobs):
                 if out[i] is None:
                     out[i] = self.runtime.handle(j)
+                    self._count("vmap_one_by_one_own_loop")
             return out  # type: ignore[return-value]
         live = {}  # index -> (ctx, generator, pending spec, seconds of this client's work so far)
         for i, job in enumerate(jobs):
@@ -225,6 +235,9 @@ class VmapBackend:
                 ctxs = [live[i][0] for i in idx]
                 if key[0] == "single":  # the sequential path: the term sees the real batch / the shift
                     self._notice("a feature shift" if specs[0].feature_shift else "a loss term looks at the batch")
+                    self._count("vmap_one_by_one_" + ("feature_shift" if specs[0].feature_shift else "batch_term"))
+                else:
+                    self._count("vmap_batched_specs", len(idx))
                 g0 = time.perf_counter()
                 if key[0] == "single":
                     res = [train_now(specs[0], ctxs[0])]

@@ -1,5 +1,5 @@
 """Server-side hypernetworks as data (pFedHN, pFedLA): a network is a flat ``dict[str, Tensor]`` applied by pure
-functions (:mod:`fedblend.algorithms.rl.nets`), trained with the vector-Jacobian product of its output and the
+functions (:mod:`fedblend.algorithms.parts.nets`), trained with the vector-Jacobian product of its output and the
 difference a client sends back (pFedHN Alg. 1, pFedLA Alg. 1):
 
     grad_phi = (d out / d phi)^T (out - trained)

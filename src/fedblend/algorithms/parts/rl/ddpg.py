@@ -20,7 +20,8 @@ from typing import Protocol
 
 import torch
 
-from fedblend.algorithms.rl.nets import Net, adam_init, minimise, mlp, mlp_init, polyak
+from fedblend.algorithms.parts.nets import Net, mlp, mlp_init, polyak
+from fedblend.core.optim import adam_init, minimise
 
 
 class DDPGConfig(Protocol):

@@ -1,10 +1,11 @@
 """Shared parts of methods whose client update is an optimisation loop of its own (Per-FedAvg's meta-steps,
 pFedMe's Moreau-envelope inner solver): functional losses and gradients over a parameter dictionary, an endless
-batch stream from a client's random stream, and the client template around such a loop.
+batch stream from a client's random stream, and :class:`OwnLoopMethod`, whose ``local_training`` hook is such a
+loop.
 
 A loop here is plain code on the client (``Method.client_own_loop = True``): a batching backend runs such
-clients one by one. Everything else (client init, transforms such as ALA, keeping the model, the reply) is the
-:class:`~fedblend.core.method.Method` template's, so ``+ala`` composes as with FedAvg.
+clients one by one. Everything else (client init, transforms such as ALA, before / after scores, keeping the
+model, the reply) is the :class:`~fedblend.core.method.Method` template's, so ``+ala`` composes as with FedAvg.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, State, score_before_after
-from fedblend.core.training import batches, batches_per_epoch, forward
+from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.training import TrainResult, batches, batches_per_epoch, forward
 
 LossFn = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
 
@@ -50,7 +51,7 @@ def steps_per_epochs(n: int, batch_size: int, epochs: int, drop_last: bool = Fal
 
 
 class OwnLoopMethod(Method):
-    """The template with its TrainSpec replaced by :meth:`local_update`, a loop of the method's own."""
+    """The template whose ``local_training`` is :meth:`local_update`, a loop of the method's own (no TrainSpec)."""
 
     client_own_loop = True
 
@@ -59,16 +60,8 @@ class OwnLoopMethod(Method):
         """The client's update from ``params``: (new shared model, new state, mean training loss)."""
         raise NotImplementedError
 
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         yield from ()  # a generator that yields no TrainSpec: the whole update is the method's own loop
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        score_before_after("bp", params, msg, ctx)
         params, cstate, loss = self.local_update(params, msg, cstate, ctx)
-        score_before_after("ap", params, msg, ctx)
         ctx.stats["train_loss"] = loss
-        if self.keeps_model:
-            cstate = {**cstate, "params": params}
-        for t in self.transforms:
-            cstate = t.after_train(self, params, cstate, ctx)
-        return self.reply(params, cstate, ctx), cstate
+        return TrainResult(params, None, loss, 0, 0), cstate

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedblend.algorithms.rl.nets import adam_init, lstm, lstm_init, minimise, mlp, mlp_init
+from fedblend.algorithms.parts.nets import lstm, lstm_init, mlp, mlp_init
+from fedblend.core.optim import adam_init, minimise
 
 KINDS = ("mhae", "pca", "flat")
 

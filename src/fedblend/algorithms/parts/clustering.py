@@ -7,13 +7,16 @@
   linkage matrix in SciPy's layout ``[a, b, height, size]`` (Lance-Williams update; the numbers equal
   ``scipy.cluster.hierarchy.linkage(condensed, "ward")`` when there are no ties);
 * :func:`cut` -- the flat clustering into ``M`` groups ("intersect P to determine M groups");
-* :func:`adjusted_rand_index` -- agreement of two labelings (Hubert & Arabie 1985), for diagnostics.
+* :func:`adjusted_rand_index` -- agreement of two labelings (Hubert & Arabie 1985), for diagnostics;
+* :func:`clustering_report` -- one FedALP clustering against the clients' dominant classes (for reports).
 
 No SciPy: the package does not depend on it. The naive O(K^3) agglomeration is fast for the few hundred clients
 FedALP clusters (K = 100: a few milliseconds).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -182,3 +185,36 @@ def adjusted_rand_index(a: np.ndarray | list, b: np.ndarray | list) -> float:
     if maximum == expected:  # both labelings trivial (one cluster each, or all singletons)
         return 1.0
     return (index - expected) / (maximum - expected)
+
+
+def clustering_report(record: Mapping, train_counts: Sequence[Sequence[int]]) -> dict:
+    """What the users of FedALP want to see about one clustering (a record of ``server["clusterings"]``):
+
+    the group of each client against its dominant training class, the adjusted Rand index of the groups against
+    the dominant-class groups, the group-by-class contingency table, the per-group layer weights ``Psi_m`` and
+    ``delta_m / max(delta_m)``, and the client order (by group, then dominant class) for plotting ``rho``.
+    ``train_counts`` is the per-client class-count matrix (``partition.json``'s ``train_counts``).
+    """
+    cids = list(record["clients"])
+    labels = np.asarray(record["labels"])
+    counts = np.asarray(train_counts)
+    dominant = counts[cids].argmax(1)
+    num_groups, num_classes = int(labels.max()) + 1, counts.shape[1]
+    table = np.zeros((num_groups, num_classes), dtype=np.int64)
+    np.add.at(table, (labels, dominant), 1)
+    order = sorted(range(len(cids)), key=lambda i: (labels[i], dominant[i], cids[i]))
+    return {
+        "round": record["round"],
+        "clients": cids,
+        "group": labels.tolist(),
+        "dominant_class": dominant.tolist(),
+        "ari_vs_dominant_class": adjusted_rand_index(labels, dominant),
+        "group_by_class": table.tolist(),
+        "group_sizes": record["group_sizes"],
+        "psi": record["psi"],
+        "delta_rel": record["delta_rel"],
+        "beta": record["beta"],
+        "similarity": record["similarity"],
+        "linkage_input": record["linkage_input"],
+        "order_by_group": [cids[i] for i in order],
+    }

@@ -1,0 +1,86 @@
+"""APFL: the alpha / v / w step by hand, alpha fixed at 0 reduces to FedAvg bit for bit, the evaluated mixture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedblend.algorithms.apfl import ALPHA, LOCAL, mix
+from tests.helpers import eval_message, same_state, tiny_sim, train_message
+from tests.methods.common import FULL_BATCH, ce_grad, perturbed, specs_of
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_apfl_step_matches_the_papers_updates(tiny_fed):
+    lr = 0.05
+    sim = tiny_sim(tiny_fed, "apfl", {"alpha": 0.3}, rounds=1, batch_size=FULL_BATCH, lr=lr)
+    msg = train_message(sim, 0)
+    w = msg.params()
+    ctx = sim.client_ctx(0, 0)
+    state = sim.method.init_client(ctx)
+    v = perturbed(state["apfl"]["v"], scale=0.3, seed=2)  # v_i != w, so alpha has a gradient
+    state = {**state, "apfl": {**state["apfl"], "v": v}}
+    log, reply, new = specs_of(sim, 0, msg, state)
+    assert len(log) == 1
+    d, model, alpha = tiny_fed.clients[0], sim.run_info.model, 0.3
+    v_bar = mix(v, w, alpha)
+    g = ce_grad(model, v_bar, d.train_x, d.train_y)
+    # Eq. 10 by hand: grad_alpha f(v_bar) = <v - w, grad f(v_bar)>
+    g_alpha = sum(float(((v[k] - w[k]) * g[k]).sum()) for k in w)
+    # ... and by autograd through v_bar(alpha)
+    a = torch.tensor(alpha, requires_grad=True)
+    loss = F.cross_entropy(functional_call(model, mix(v, w, a), (d.train_x,)), d.train_y)
+    assert abs(float(torch.autograd.grad(loss, a)[0]) - g_alpha) < 1e-5
+    assert abs(float(new["apfl"]["alpha"]) - (alpha - lr * g_alpha)) < 1e-6
+    assert abs(g_alpha) * lr > 1e-5  # alpha moved by a visible amount
+    assert all(torch.allclose(new["apfl"]["v"][k], v[k] - lr * alpha * g[k], atol=1e-6) for k in v)
+    gw = ce_grad(model, w, d.train_x, d.train_y)
+    assert all(torch.allclose(reply.params()[k], w[k] - lr * gw[k], atol=1e-6) for k in w)
+    assert set(reply.params()) == set(w)  # v_i and alpha_i never travel
+    assert LOCAL not in new["apfl"]["v"] and ALPHA not in reply.params()
+
+
+def test_apfl_alpha_clipped_to_unit_interval(tiny_fed):
+    """Starting at an end of [0, 1], the step leaves the interval at one end; ``clip`` projects it back."""
+    out = []
+    for start in (0.0, 1.0):
+        got = {}
+        for clip in (False, True):
+            sim = tiny_sim(tiny_fed, "apfl", {"alpha": start, "clip": clip}, rounds=1, lr=0.5)
+            state = sim.method.init_client(sim.client_ctx(0, 0))
+            state = {**state, "apfl": {**state["apfl"], "v": perturbed(state["apfl"]["v"], scale=0.5)}}
+            got[clip] = float(specs_of(sim, 0, train_message(sim, 0), state)[2]["apfl"]["alpha"])
+        assert got[True] == min(1.0, max(0.0, got[False]))
+        out.append(not 0.0 <= got[False] <= 1.0)
+    assert any(out)
+
+
+def test_apfl_fixed_alpha_zero_is_fedavg_bit_for_bit(tiny_fed):
+    kw = dict(rounds=3, seed=5, join_ratio=0.75, momentum=0.5, optimizer_state="keep")
+    apfl = tiny_sim(tiny_fed, "apfl", {"alpha": 0.0, "adaptive": False}, **kw)
+    fedavg = tiny_sim(tiny_fed, "fedavg", **kw)
+    apfl.run(), fedavg.run()
+    keys = ("acc", "global_acc", "train_loss", "selected")
+    assert [[m[k] for k in keys] for m in apfl.history] == [[m[k] for k in keys] for m in fedavg.history]
+    assert same_state(apfl.server["global"], fedavg.server["global"])
+    fixed = tiny_sim(tiny_fed, "apfl", {"alpha": 0.25, "adaptive": False}, **kw)
+    adaptive = tiny_sim(tiny_fed, "apfl", {"alpha": 0.25}, **kw)
+    fixed.run(), adaptive.run()
+    assert all(float(s["apfl"]["alpha"]) == 0.25 for s in fixed.store.states.values())
+    assert all(float(s["apfl"]["alpha"]) != 0.25 for s in adaptive.store.states.values())
+
+
+def test_apfl_evaluates_the_mixture(tiny_fed):
+    for spec in ("apfl", "apfl+ala"):
+        sim = tiny_sim(tiny_fed, spec, rounds=3, seed=4)
+        sim.run()
+        ev, st, ctx = eval_message(sim, 0), sim.store.get(0), sim.client_ctx(0, sim.next_round)
+        p = sim.method.eval_params(ev, st, ctx)
+        a = st["apfl"]["alpha"]
+        w = ev.params() if spec == "apfl" else sim.method.transforms[0].eval_params(sim.method, ev, st, ctx, None)
+        assert 0.0 < float(a) < 1.0
+        assert all(torch.allclose(p[k], a * st["apfl"]["v"][k] + (1 - a) * w[k]) for k in w)
+        assert "mixture" in sim.method.describe_eval()

@@ -1,0 +1,64 @@
+"""APPLE: the mixture (Eq. 2), one step of core and DR vector (Eq. 3-5) against autograd, the prior and its schedule,
+what travels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedblend.algorithms.apple import apple_step, data_prior, mixture, prior_weight
+from tests.helpers import run_client, same_state, tiny_sim, train_message
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_apple_mixture_prior_and_schedule_by_hand():
+    cores = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0], [0.0, 8.0]])}
+    assert torch.allclose(mixture(torch.tensor([0.25, 0.75, 0.0]), cores)["w"], torch.tensor([2.5, 3.5]))
+    assert torch.allclose(mixture(torch.tensor([0.5, 0.0, 0.5]), cores)["w"], torch.tensor([0.5, 5.0]))
+    assert torch.allclose(data_prior(torch.tensor([0.0, 10.0, 30.0])),
+                          torch.tensor([20.0, 10.0, 30.0], dtype=torch.float64) / 60)
+    assert torch.allclose(data_prior(torch.zeros(4)), torch.full((4,), 0.25, dtype=torch.float64))
+    assert prior_weight(0, 10, "cos") == 1.0 and prior_weight(5, 10, "cos") == pytest.approx(0.5)
+    assert prior_weight(10, 10, "cos") == 0.0 and prior_weight(4, 10, "linear") == pytest.approx(0.6)
+
+
+def test_apple_step_gradients_by_hand(tiny_fed):
+    """Eq. 3-5: dL/dc_i = p_ii dCE/dw, dL/dp_j = <dCE/dw, c_j> + lambda mu (p_j - p0_j)."""
+    sim = tiny_sim(tiny_fed, "apple", rounds=1)
+    model, init = sim.model, sim.run_info.init_params
+    g = torch.Generator().manual_seed(0)
+    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(3)]) for k, v in init.items()}
+    own = {k: v[1].clone() for k, v in cores.items()}
+    dr, prior = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.3, 0.3, 0.4])
+    x, y = tiny_fed.clients[0].train_x[:8], tiny_fed.clients[0].train_y[:8]
+    new_own, new_dr, loss = apple_step(model, own, 1, cores, dr, prior, x, y, core_lr=0.5, dr_lr=0.1, lam_mu=0.2)
+    w = {k: (dr.view(-1, *([1] * (v.dim() - 1))) * v).sum(0).requires_grad_(True) for k, v in cores.items()}
+    ce = F.cross_entropy(functional_call(model, w, (x,)), y)
+    gw = dict(zip(w, torch.autograd.grad(ce, list(w.values()))))
+    assert loss == pytest.approx(float(ce.detach()), rel=1e-5)
+    for k in own:
+        assert torch.allclose(new_own[k], own[k] - 0.5 * dr[1] * gw[k], atol=1e-5), k
+    gp = torch.tensor([sum(float((gw[k] * cores[k][j]).sum()) for k in gw) for j in range(3)])
+    assert torch.allclose(new_dr, dr - 0.1 * (gp + 0.2 * (dr - prior)), atol=1e-5)
+
+
+def test_apple_all_cores_down_own_core_up(tiny_fed):
+    sim = tiny_sim(tiny_fed, "apple", rounds=3, seed=0)
+    sim.run_round()
+    msg = train_message(sim, 2)
+    assert set(msg.arrays) == {"core_0", "core_1", "core_2", "core_3", "prior"}
+    for j in range(4):
+        assert all(torch.equal(msg.params(f"core_{j}")[n], sim.server["cores"][n][j]) for n in msg.params("core_0"))
+    res = run_client(sim, 2, msg)
+    assert set(res.reply.arrays) == {"params"} and same_state(res.reply.params(), res.state["core"])
+    assert "dr" in res.state and "dr" not in res.reply.arrays  # the DR vector stays on the client
+    model_bytes = sum(t.numel() * 4 for t in sim.run_info.init_params.values())
+    assert sim.history[0]["bytes_down"][0] == 4 * model_bytes + 4 * 4 and sim.history[0]["bytes_up"][0] == model_bytes
+    # the evaluated model is the client's mixture of the cores by its DR vector
+    cores = {n: torch.stack([msg.params(f"core_{j}")[n] for j in range(4)]) for n in msg.params("core_0")}
+    for n in cores:
+        cores[n][2] = res.state["core"][n]
+    assert same_state(mixture(res.state["dr"], cores), res.state["params"])

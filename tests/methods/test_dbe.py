@@ -1,0 +1,69 @@
+"""DBE: the representation bias (PRBM) folded into the head, the mean regulariser, what travels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedblend.algorithms.dbe import PRBM, fold_bias, mean_regulariser
+from fedblend.core.training import Batch, TrainConfig, sgd_train
+from fedblend.models.zoo import MLP
+from tests.helpers import run_client, tiny_sim, train_message, without_timings
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_dbe_mean_regulariser_and_bias_on_hand_values():
+    feats = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    batch = Batch(None, None, None, feats)
+    # batch mean [2, 4], global [1, 1]: kappa * 1/(2K) * (1 + 9) = 3 * 10 / 4
+    assert torch.isclose(mean_regulariser({}, batch, torch.tensor([1.0, 1.0]), 3.0), torch.tensor(7.5))
+    model = MLP(2, 3, hidden=2)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    bias = torch.tensor([0.5, -1.0])
+    x = torch.randn(5, 2)
+    shifted = model.head(model.features(x) + bias)
+    from torch.func import functional_call
+
+    folded = functional_call(model, fold_bias(model, params, bias), (x,))
+    assert torch.allclose(shifted, folded, atol=1e-6)
+
+
+def test_dbe_training_adds_the_bias_to_the_features():
+    """The bias gets the gradient of CE(h(f(x) + b)): one plain SGD step moves it by -lr * W^T dCE/dlogits."""
+    torch.manual_seed(0)
+    model = MLP(2, 3, hidden=2)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(4, 2), torch.tensor([0, 1, 2, 0])
+    b = torch.tensor([0.2, -0.1])
+    cfg = TrainConfig(lr=0.1, batch_size=4, epochs=1)
+    res = sgd_train(model, {**params, PRBM: b}, x, y, cfg, torch.Generator().manual_seed(0), feature_shift=PRBM)
+    bl = b.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(model.head(model.features(x) + bl), y)
+    (g,) = torch.autograd.grad(loss, [bl])
+    assert torch.allclose(res.params[PRBM], b - 0.1 * g, atol=1e-6)
+
+
+def test_dbe_with_its_terms_off_is_fedavg(tiny_fed):
+    a = tiny_sim(tiny_fed, "dbe", {"kappa": 0.0, "prbm": False}, rounds=3, seed=2)
+    b = tiny_sim(tiny_fed, "fedavg", rounds=3, seed=2)
+    a.run(), b.run()
+    drop = {"bytes_up", "bytes_down"}  # DBE also sends the feature means
+    strip = lambda h: [{k: v for k, v in m.items() if k not in drop} for m in without_timings(h)]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    on = tiny_sim(tiny_fed, "dbe", rounds=3, seed=2)
+    on.run()
+    assert strip(on.history) != strip(b.history)
+
+
+def test_dbe_bias_stays_on_the_client(tiny_fed):
+    sim = tiny_sim(tiny_fed, "dbe", rounds=3)
+    sim.run_round(), sim.run_round()
+    assert sim.server["global_mean"] is not None
+    msg = train_message(sim, 0)
+    assert "global_mean" in msg.params("dbe")
+    res = run_client(sim, 0, msg)
+    reply, state = res.reply, res.state
+    assert PRBM not in reply.params() and set(reply.params()) == set(sim.run_info.init_params)
+    assert state["prbm"].abs().sum() > 0  # trained after the initialisation round
+    assert set(reply.params("dbe")) == {"client_mean"}

@@ -1,0 +1,86 @@
+"""FedProto: prototypes and their weighted average (Eq. 4-6), the prototype loss, nearest-prototype evaluation, what
+travels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedblend.algorithms.fedproto import average_prototypes, prototype_head, prototype_loss
+from fedblend.algorithms.parts.prototypes import class_prototypes
+from fedblend.core.training import Batch
+from tests.helpers import run_client, same_state, tiny_sim, train_message
+from tests.methods.common import client_params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_fedproto_prototypes_and_average_by_hand():
+    feats = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0]])
+    protos, counts = class_prototypes(feats, torch.tensor([0, 0, 2]))
+    assert counts == {"0": 2, "2": 1}
+    assert torch.equal(protos["0"], torch.tensor([2.0, 1.0])) and torch.equal(protos["2"], torch.tensor([0.0, 4.0]))
+    up = [({"0": torch.tensor([1.0, 0.0]), "1": torch.tensor([5.0, 5.0])}, {"0": 1, "1": 2}),
+          ({"0": torch.tensor([3.0, 2.0])}, {"0": 3})]
+    avg = average_prototypes(up, "samples")  # Eq. 6: weights |D_ij| / N_j
+    assert torch.allclose(avg["0"], torch.tensor([2.5, 1.5])) and torch.allclose(avg["1"], torch.tensor([5.0, 5.0]))
+    uni = average_prototypes(up, "uniform")  # the authors' code
+    assert torch.allclose(uni["0"], torch.tensor([2.0, 1.0]))
+
+
+def test_fedproto_regulariser_by_hand():
+    feats = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
+    batch = Batch(torch.zeros(2, 1), torch.tensor([0, 1]), torch.zeros(2, 2), feats)
+    protos = torch.tensor([[0.0, 0.0], [9.0, 9.0]])
+    mask = torch.tensor([1.0, 0.0])  # class 1 has no global prototype: no pull
+    assert float(prototype_loss({}, batch, protos, mask, 2.0, "mse")) == pytest.approx(2.0 * (0.5 + 0) / 2)
+    assert float(prototype_loss({}, batch, protos, mask, 2.0, "sq_l2")) == pytest.approx(2.0 * (1.0 + 0) / 2)
+
+
+def test_fedproto_prototype_head_is_nearest_prototype(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedproto", rounds=1)
+    model = sim.model
+    g = torch.Generator().manual_seed(0)
+    d = model.fc2.in_features
+    protos = {str(c): torch.randn(d, generator=g) for c in (0, 1, 3)}
+    head = prototype_head(model, protos, model.fc2.out_features)
+    f = torch.randn(50, d, generator=g)
+    logits = functional_call(model, head, (f,), {"part": "head"})
+    mat = torch.stack([protos[c] for c in ("0", "1", "3")])
+    dist = torch.cdist(f, mat) ** 2
+    assert torch.equal(logits.argmax(1), torch.tensor([0, 1, 3])[dist.argmin(1)])
+    # the same softmax as the distance classifier -||f - C_j||^2 over the classes that have a prototype
+    assert torch.allclose(F.softmax(logits, 1)[:, [0, 1, 3]], F.softmax(-dist, 1), atol=1e-5)
+
+
+def test_fedproto_lambda_zero_with_own_head_is_local(tiny_fed):
+    a = tiny_sim(tiny_fed, "fedproto", {"lam": 0.0, "eval": "head"}, rounds=3, seed=2, join_ratio=0.75)
+    b = tiny_sim(tiny_fed, "local", rounds=3, seed=2, join_ratio=0.75)
+    a.run(), b.run()
+    assert same_state(client_params(a), client_params(b))
+    assert [m["acc"] for m in a.history] == [m["acc"] for m in b.history]
+    c = tiny_sim(tiny_fed, "fedproto", {"lam": 1.0, "eval": "head"}, rounds=3, seed=2, join_ratio=0.75)
+    c.run()
+    assert not same_state(client_params(c), client_params(b))
+
+
+def test_fedproto_only_prototypes_travel(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedproto", rounds=3, seed=0)
+    assert train_message(sim, 0).arrays == {}  # nothing to send before the first aggregation
+    sim.run_round()
+    msg = train_message(sim, 0)
+    assert set(msg.arrays) == {"protos"}
+    res = run_client(sim, 0, msg)
+    assert set(res.reply.arrays) == {"protos"}
+    d = sim.model.fc2.in_features
+    counts = res.reply.metrics["class_counts"]
+    y = tiny_fed.clients[0].train_y
+    assert counts == {str(c): int((y == c).sum()) for c in torch.unique(y).tolist()}
+    assert res.reply.num_bytes == 4 * d * len(counts)  # one float32 d-vector per class the client holds
+    assert all(v.shape == (d,) for v in res.reply.params("protos").values())
+    h = sim.history[0]
+    fedavg = tiny_sim(tiny_fed, "fedavg", rounds=1, seed=0)
+    fedavg.run_round()
+    assert max(h["bytes_up"]) < min(fedavg.history[0]["bytes_up"]) / 10
