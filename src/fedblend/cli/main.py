@@ -26,6 +26,7 @@ import dataclasses
 import json
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from pathlib import Path
@@ -201,12 +202,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     if extra is not None:
         return extra
     if args.cmd == "methods":
+        from fedblend.algorithms.registry import load_all_plugins
+
+        failed = load_all_plugins()  # installed packages' entry points (fedblend.methods / fedblend.transforms)
         for name, cls in sorted(METHODS.items()):
             opts = {f.name: f.default for f in dataclasses.fields(cls.options_cls)}
-            print(f"{name:12s} {opts}  -- {cls.paper}")
+            print(f"{name:12s} {opts}  -- {cls.paper}{_plugin_note(cls)}")
         for name, cls in sorted(TRANSFORMS.items()):
             opts = {f.name: f.default for f in dataclasses.fields(cls.options_cls)}
-            print(f"+{name:11s} {opts}")
+            print(f"+{name:11s} {opts}{_plugin_note(cls)}")
+        for what, err in failed.items():
+            print(f"fedblend: warning: {what} cannot be used: {err}", file=sys.stderr)
         return 0
     if args.cmd == "report":
         from fedblend.cli.report import report
@@ -332,42 +338,83 @@ def _echo(*a, **k) -> None:
 
 
 def _method_help(name: str) -> str:
-    """A method's or transform's options: default, allowed values and the comment beside the field."""
+    """A method's or transform's options: default, allowed values and each field's help (its ``help`` metadata,
+    else the comment beside or above the field in the source)."""
     import inspect
 
+    from fedblend.algorithms.registry import find_plugin
     from fedblend.common.options import allowed_text
 
     key = name.lstrip("+")
-    cls = METHODS.get(key) or TRANSFORMS.get(key)
+    cls = METHODS.get(key) or TRANSFORMS.get(key) or find_plugin("method", key) or find_plugin("transform", key)
     if cls is None:
         raise ConfigError(f"no method or transform {name!r}; methods: {', '.join(sorted(METHODS))}; transforms: "
-                          f"{', '.join(sorted(TRANSFORMS))}")
+                          f"{', '.join(sorted(TRANSFORMS))} (and plug-ins: fedblend methods lists them)")
     opts = cls.options_cls
-    comments = _field_comments(inspect.getsource(opts)) if dataclasses.fields(opts) else {}
+    helps = field_help(opts)
     where = "options" if key in METHODS else key
-    head = f"{key}" + (f" -- {cls.paper}" if getattr(cls, "paper", None) else "")
+    head = f"{key}" + (f" -- {cls.paper}" if getattr(cls, "paper", None) else "") + _plugin_note(cls)
     doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "").split("\n\n")[0]
     lines = [head, *(["", doc] if doc else []), "", f"[{where}] table (in the config, or --set {where}.NAME=VALUE):"]
     for f in dataclasses.fields(opts):
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         lines.append(f"  {f.name} = {default!r}    ({allowed_text(opts, f.name)})")
-        if comments.get(f.name):
-            lines.append(f"      {comments[f.name]}")
+        if helps.get(f.name):
+            lines += [f"      {ln}" for ln in textwrap.wrap(helps[f.name], 100)]
     if not dataclasses.fields(opts):
         lines.append("  (none)")
     return "\n".join(lines).replace("`", "") + "\n"
 
 
+def _plugin_note(cls: type) -> str:
+    """`` [plug-in: module]`` for a method or transform that is not part of fedblend."""
+    mod = getattr(cls, "__module__", "")
+    return "" if mod.startswith("fedblend.") else f"  [plug-in: {mod}]"
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """``{field: help}`` of an options dataclass: ``dataclasses.field(metadata={"help": ...})`` where given,
+    else the source's comment: ``#:`` lines above the field, or the ``#`` comment beside it with the comment-only
+    lines that continue it (one sentence may span lines)."""
+    import inspect
+
+    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+    out = {f.name: str(f.metadata["help"]) for f in fields if f.metadata.get("help")}
+    if len(out) == len(fields):
+        return out
+    try:
+        comments = _field_comments(inspect.getsource(cls))
+    except (OSError, TypeError):
+        comments = {}
+    return {**comments, **out}
+
+
 def _field_comments(source: str) -> dict[str, str]:
-    """``{field: its trailing # comment}`` from a dataclass's source."""
+    """``{field: its comment}`` from a dataclass's source (see :func:`field_help`)."""
     import re
 
-    out = {}
+    out: dict[str, str] = {}
+    above: list[str] = []
+    current = None  # the field whose trailing comment the next comment-only lines continue
     for line in source.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^=]+=.*?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
+        m = re.match(r"\s+(\w+)\s*:[^=]+=(.*)$", line)
+        if m and not line.lstrip().startswith("#"):
+            name, rest = m.group(1), m.group(2)
+            trailing = re.search(r"#\s*(.+)$", rest) if "#" in rest else None
+            text = " ".join(above + ([trailing.group(1).strip()] if trailing else []))
+            if text:
+                out[name] = text
+            above, current = [], name if trailing else None
+            continue
+        c = re.match(r"\s*#(:?)\s?(.*)$", line)
+        if c and c.group(1):  # "#:" documents the next field
+            above.append(c.group(2).strip())
+            current = None
+        elif c and current is not None and c.group(2).strip():  # continues the trailing comment above
+            out[current] += " " + c.group(2).strip()
+        else:
+            above, current = ([] if not c else above), None
     return out
 
 
