@@ -6,13 +6,15 @@ Results directory (the run contract other tools rely on)::
                        headed by comments with its hash and the run identity
     partition.json     per-client sample indices, class counts and the partition spec (reloadable)
     partition.txt      the per-client class-count table
-    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...);
+    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...; each
+                       evaluated round's per_client: {clients, correct, n});
                        a run stopped by a non-finite update ends with a row saying so
     metrics.csv        the scalar columns of metrics.jsonl
     accuracy.png       personalized (and global) test accuracy per round, written at the end ([log] plot)
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
     summary.json       status ("finished" or "stopped"), best_accuracy, final_accuracy, best_round,
-                       global_accuracy (if a global model exists), rounds, seconds_per_round, seed, method,
+                       global_accuracy (if a global model exists), the clients' spread (worst client, 10th
+                       percentile, std at the final and headline rounds), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads)
     checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
@@ -57,6 +59,7 @@ from fedblend.config import RUNTIME_ONLY, RunConfig, check_model_fits, config_di
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint
 from fedblend.core.engine import Simulation
+from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
@@ -250,6 +253,9 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         vals = [m[f"{tag}_acc"] for m in sim.history if f"{tag}_acc" in m]
         if vals:
             out[f"{tag}_best_accuracy"], out[f"{tag}_final_accuracy"] = max(vals), vals[-1]
+    headline_round = sel.get("selected_round", sel["best_round"] if sim.protocol.report == "best" else
+                             (evals[-1]["round"] if evals else None))
+    out.update(client_spread_summary(evals, headline_round))  # worst client, 10th percentile, std
     out["accuracy"] = sel["accuracy"]
     return out
 
@@ -419,38 +425,18 @@ def _finish(out: Path, sim: Simulation, summary: dict, identity: dict) -> None:
 
 
 def plot_run(out: Path) -> Path | None:
-    """``OUT/accuracy.png``: personalized (and, where the method has one, global) test accuracy per round of the
-    run in ``out``; skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
+    """``OUT/accuracy.png``: personalized accuracy per round with the clients' spread (and the global model's,
+    where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
+    skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        import matplotlib  # noqa: F401
     except ImportError:
         warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
                       RuntimeWarning, stacklevel=2)
         return None
-    import json
+    from fedblend.figures import plot_run_accuracy
 
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "acc" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, name in (("acc", "personalized"), ("global_acc", "global")):
-        pts = [(r["round"], 100 * r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None, label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(out.name, fontsize=9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return plot_run_accuracy(out)
 
 
 def config_header(identity: dict) -> str:

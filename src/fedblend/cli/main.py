@@ -91,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-plots", action="store_true")
     rep.add_argument("--compare", nargs=2, metavar=("A", "B"), help="paired per-seed differences A - B with a "
                      "t-interval; A and B name groups (label, method, part of a label, or label@hash)")
+    rep.add_argument("--band", choices=["std", "ci"], default="std", help="the curves' band: sample std over seeds "
+                     "(default, as the table) or the 95%% t-interval of the mean")
     _debug(rep)
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
@@ -217,7 +219,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "report":
         from fedblend.cli.report import report
 
-        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare), end="")
+        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band), end="")
         return 0
     overrides = list(args.overrides)
     for flag in ("device", "backend", "workers"):

@@ -38,7 +38,7 @@ from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
-from fedblend.core.evaluation import EvalProtocol, summarise
+from fedblend.core.evaluation import EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, first_nonfinite
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
@@ -229,6 +229,7 @@ class Simulation:
         sctx = self.sctx(t)
         config = {"split": split or self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
+        answered: list[int] = []  # the clients behind ``personal`` / ``glob``, in order
         missing = 0
         cids = self.eval_clients(t)
         if self.on_client is not None:
@@ -239,11 +240,12 @@ class Simulation:
                 msg = self.method.configure_evaluate(self.server, cid, sctx)
                 msg.config.update(config)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))
-            for res in self._run_jobs(jobs):
+            for job, res in zip(jobs, self._run_jobs(jobs)):
                 if res is None:  # a client that did not answer is left out of the pooled accuracy
                     missing += 1
                     continue
                 m = res.reply.metrics
+                answered.append(job.cid)
                 personal.append((m["correct"], m["loss"], m["n"]))
                 if "global_correct" in m:
                     glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
@@ -254,6 +256,9 @@ class Simulation:
             out["eval_missing"] = missing
         if glob:
             out.update({f"global_{k}": v for k, v in summarise(glob).items()})
+        out["per_client"] = per_client_counts(answered, personal)
+        if glob:
+            out["global_per_client"] = per_client_counts(answered, glob)
         return out
 
     def eval_clients(self, t: int) -> list[int]:
