@@ -30,6 +30,7 @@ that fails before its first round leaves nothing behind.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import os
 import platform
@@ -64,6 +65,8 @@ from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
 from fedblend.tracking import TB_DIR, TensorBoardLog, check_available
+
+log = logging.getLogger("fedblend.run")
 
 RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
              FILENAME, "accuracy.png")
@@ -353,6 +356,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
         if ck is not None:
             sim.restore(ck_path, ck)
             start = sim.next_round
+            log.info("resuming %s from its checkpoint after round %d of %d", out, start, cfg.rounds)
             _rewrite_metrics(out, sim.history)  # metrics.jsonl must end at the checkpoint's round
         else:
             if not created:

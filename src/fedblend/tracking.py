@@ -66,12 +66,17 @@ def check_available(cfg_log: Any) -> None:
 
 
 def export_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write a run's ``metrics.jsonl`` as TensorBoard event files (default ``RUN_DIR/tensorboard``)."""
+    """Write a run's ``metrics.jsonl`` as TensorBoard event files (default ``RUN_DIR/tensorboard``), replacing the
+    event files already in that folder: exporting twice gives the same events, not every point twice."""
     run = Path(run_dir)
     path = run / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{run}: no metrics.jsonl (not a run directory)")
     target = Path(out) if out else run / TB_DIR
+    # idempotent: the event files already there hold the same rows (an earlier export, or the run's own live log,
+    # whose resumed runs repeat rounds); they are replaced, so every round appears once however often this runs
+    for old in target.glob("events.out.tfevents.*") if target.is_dir() else ():
+        old.unlink()
     log = TensorBoardLog(target)
     try:
         for line in path.read_text().splitlines():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import signal
 import sys
 import textwrap
@@ -80,7 +81,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config; rounds "
                      "may grow)")
     run.add_argument("--force", action="store_true", help="replace a run already in OUT")
-    run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as sweep: small models "
+                     "on a shared CPU run fastest so; see README)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--dry-run", action="store_true", help="check everything (config, data, partition, model), "
                      "print parameters, bytes per round and a time estimate; write nothing")
@@ -133,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
                                           "run CONFIG with the body kept local, write the agent file to --out")
     _common(pre)
-    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    pre.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as run)")
     pre.add_argument("--quiet", action="store_true", help="no progress display")
     pre.add_argument("--force", action="store_true", help="replace an earlier pre-training run in OUT.run")
     dep = sub.add_parser("deploy", help="run CONFIG on Flower: a SuperLink and N SuperNodes on loopback "
@@ -145,6 +147,7 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     dep.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     dep.add_argument("--force", action="store_true", help="replace a run already in OUT")
+    dep.add_argument("--quiet", action="store_true", help="no progress display")
     dep.add_argument("--write-app", metavar="APP_DIR", help="only write the Flower app (for `flwr run APP_DIR "
                      "CONNECTION` against your own SuperLink; OUT is then a path on the SuperLink's machine)")
     return ap
@@ -153,6 +156,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
+    _setup_logging(logging.DEBUG if debug else logging.WARNING if "--quiet" in argv else logging.INFO)
     _sigterm_interrupts()
     try:
         with warnings.catch_warnings():
@@ -168,6 +172,30 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("fedblend: error: interrupted", file=sys.stderr)
         return 130
+
+
+class _StderrHandler(logging.Handler):
+    """Writes records to the current ``sys.stderr`` (looked up at each record, so a replaced stderr is honoured)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _setup_logging(level: int) -> None:
+    """The library logs through ``logging.getLogger("fedblend...")`` (what a deployment does, resumes, faults a
+    Flower backend noticed); the command shows INFO and above on stderr as ``fedblend: message`` (``--quiet``:
+    warnings only, ``--debug``: everything). A program using the library configures logging itself."""
+    log = logging.getLogger("fedblend")
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("fedblend: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def _sigterm_interrupts() -> None:
@@ -433,12 +461,29 @@ def _configs_text(pattern: str | None) -> str:
         paths = [p for p in paths if pattern in str(p.relative_to(root))]
     if not paths:
         return f"no configs under {root}" + (f" matching {pattern!r}" if pattern else "") + "\n"
-    rows = []
-    for p in paths:
-        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
-        rows.append((str(p.relative_to(root.parent)), first))
+    rows = [(str(p.relative_to(root.parent)), config_description(p)) for p in paths]
     width = max(len(r[0]) for r in rows)
     return "".join(f"{path:{width}s}  {desc}\n" for path, desc in rows)
+
+
+def config_description(path: Path) -> str:
+    """What a config runs, from its fields: ``FedAPA (mu=0.3): FMNIST, Dir(0.1), 20 clients, LeNet-5; 50 rounds``
+    (the method with the options that differ from its defaults, the setting, the rounds)."""
+    from fedblend.config import RunConfig, load_config
+    from fedblend.figures import method_name, setting_text
+
+    try:
+        cfg = load_config(path)
+    except FedblendError as exc:
+        return f"(does not load: {_one_line(exc)})"
+    resolved = cfg.resolved()
+    defaults = RunConfig(method=cfg.method).resolved()  # the method's and transforms' default options
+    changed = {k: v for k, v in resolved["options"].items() if defaults["options"].get(k) != v}
+    for t in cfg.transforms:
+        changed.update({f"{t}.{k}": v for k, v in resolved[t].items() if defaults[t].get(k) != v})
+    opts = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:3]) + (", ..." if len(changed) > 3 else "")
+    return (f"{method_name(cfg.method)}{f' ({opts})' if opts else ''}: {setting_text(resolved)}; "
+            f"{cfg.rounds} rounds")
 
 
 def _dry_run_text(d: dict) -> str:
@@ -484,8 +529,16 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
                         args.threads, args.resume, args.force)
         print(f"wrote the Flower app {app}; run it with: flwr run {app} CONNECTION --stream")
         return 0
-    summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
-                           min_clients=args.min_clients, threads=args.threads, resume=args.resume, force=args.force)
+    from fedblend.experiment import Progress
+
+    progress = None if getattr(args, "quiet", False) else Progress(cfg.rounds, f"flower {cfg.label}")
+    try:
+        summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
+                               min_clients=args.min_clients, threads=args.threads, resume=args.resume,
+                               force=args.force, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round"]
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {args.out}")
