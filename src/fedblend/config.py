@@ -39,7 +39,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
 from fedblend.common.options import ConfigError, check_value, from_table, to_table
@@ -63,8 +63,20 @@ class LogConfig:
     """Where a run's metrics go besides its results files (the ``[log]`` table). Runtime only: it changes no
     result, so it is left out of the config hash and may differ on ``--resume``."""
 
+    CHOICES: ClassVar[dict] = {"wandb_mode": ("offline", "online")}
+
     tensorboard: bool = False  # every metrics row to OUT/tensorboard as it happens (pip install 'fedblend[tensorboard]')
     plot: bool = True  # OUT/accuracy.png (personalized and global accuracy per round) at the end (needs matplotlib)
+    mlflow: bool = field(default=False, metadata={"help": "every metrics row to MLflow as it happens, one run per "
+                                                          "results directory (pip install 'fedblend[mlflow]')"})
+    mlflow_uri: str = field(default="", metadata={"help": "MLflow tracking URI; empty = a local file store in "
+                                                          "OUT/mlruns (no server)"})
+    mlflow_experiment: str = field(default="fedblend", metadata={"help": "MLflow experiment the run is logged under"})
+    wandb: bool = field(default=False, metadata={"help": "every metrics row to Weights & Biases as it happens "
+                                                         "(pip install 'fedblend[wandb]')"})
+    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (files in OUT/wandb, `wandb "
+                                                                 "sync` uploads them later) or online"})
+    wandb_project: str = field(default="fedblend", metadata={"help": "W&B project the run is logged under"})
 
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol,

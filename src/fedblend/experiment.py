@@ -64,7 +64,7 @@ from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
-from fedblend.tracking import TB_DIR, TensorBoardLog, check_available
+from fedblend.tracking import TB_DIR, check_available, make_trackers
 
 log = logging.getLogger("fedblend.run")
 
@@ -175,7 +175,9 @@ def _clear(out: Path, created: bool) -> None:
     else:
         for f in RUN_FILES:
             (out / f).unlink(missing_ok=True)
-        shutil.rmtree(out / TB_DIR, ignore_errors=True)
+        for d in (TB_DIR, "mlruns", "wandb"):  # the trackers' files in OUT (tensorboard, mlflow, wandb)
+            shutil.rmtree(out / d, ignore_errors=True)
+        (out / ".mlflow_run").unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -366,7 +368,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
             (out / "partition.txt").write_text(fed.table() + "\n")
             (out / "metrics.jsonl").write_text("")
         _write(out / "config.toml", config_header(identity) + dump_toml(identity["config"]))
-        trackers = [TensorBoardLog(out / TB_DIR)] if cfg.log.tensorboard else []
+        trackers = make_trackers(cfg.log, out, identity)  # TensorBoard, MLflow, W&B as [log] asks
         try:
             summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers)
         finally:

@@ -122,10 +122,11 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="print what each run would do (start, resume, "
                     "restart, skip) and stop")
     _debug(sw)
-    ex = sub.add_parser("export", help="export a finished run to a tracker: tensorboard")
-    ex.add_argument("format", choices=["tensorboard"])
+    ex = sub.add_parser("export", help="export a finished run to a tracker: tensorboard, mlflow, wandb (offline); "
+                                       "exporting again replaces the earlier export")
+    ex.add_argument("format", choices=["tensorboard", "mlflow", "wandb"])
     ex.add_argument("run_dir", help="a run directory (holding metrics.jsonl)")
-    ex.add_argument("--out", help="where to write (default RUN_DIR/tensorboard)")
+    ex.add_argument("--out", help="where to write (default RUN_DIR/tensorboard, RUN_DIR/mlruns, RUN_DIR/wandb)")
     _debug(ex)
     b = sub.add_parser("bench", help="time engine rounds against a plain PyTorch loop over the same work")
     _common(b)
@@ -345,9 +346,9 @@ def _dispatch_workflow(args: argparse.Namespace) -> int | None:
         print(_configs_text(args.filter), end="")
         return 0
     if args.cmd == "export":
-        from fedblend.tracking import export_tensorboard
+        from fedblend.tracking import export_run
 
-        print(f"wrote {export_tensorboard(args.run_dir, args.out)}")
+        print(f"wrote {export_run(args.format, args.run_dir, args.out)}")
         return 0
     if args.cmd == "sweep":
         from fedblend.cli.sweep import plan, sweep
