@@ -10,8 +10,11 @@ Results directory (the run contract other tools rely on)::
                        evaluated round's per_client: {clients, correct, n});
                        a run stopped by a non-finite update ends with a row saying so
     metrics.csv        the scalar columns of metrics.jsonl
-    accuracy.png       personalized (and global) test accuracy per round, written at the end ([log] plot)
+    accuracy.png       personalized accuracy per round with the clients' spread (and the global model's),
+                       titled by method and setting, written at the end ([log] plot)
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
+    mlruns/, wandb/    the same in a local MLflow store ([log] mlflow; .mlflow_run names the run) and an offline
+                       W&B run ([log] wandb)
     summary.json       status ("finished" or "stopped"), best_accuracy, final_accuracy, best_round,
                        global_accuracy (if a global model exists), the clients' spread (worst client, 10th
                        percentile, std at the final and headline rounds), rounds, seconds_per_round, seed, method,
