@@ -40,9 +40,14 @@ def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plugin")
     src, target = tmp / "src", tmp / "site"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(target), str(src)], capture_output=True, text=True)
-    if res.returncode != 0:
+    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(src)]
+    # offline with this environment's setuptools first; else pip's isolated build (fetches setuptools)
+    for extra in (["--no-build-isolation", "--no-index"], []):
+        res = subprocess.run([*base, *extra], capture_output=True, text=True)
+        if res.returncode == 0:
+            break
+        shutil.rmtree(target, ignore_errors=True)
+    else:
         pytest.skip(f"cannot install the example package with pip: {res.stderr.strip().splitlines()[-1:]}")
     saved = [dict(r) for r in _registries()]
     old_path, old_env = list(sys.path), os.environ.get("PYTHONPATH")
