@@ -13,6 +13,9 @@ Reads ``RUN_DIR/checkpoint.pt`` (every client's current W, ``cstate["ala"]``) an
   ``ala_seconds * len(selected) / seconds``), and the number
   of weight-learning epochs per round.
 
+Every round axis spans the run's rounds with whole-number ticks; a panel with nothing to draw yet (a run of one or
+two rounds: ALA learns W from round 2 on) says so instead of staying blank.
+
 It also prints the per-round time share. matplotlib is imported only here, so the library does not need it.
 """
 
@@ -72,6 +75,13 @@ def main() -> int:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    last = max([m["round"] for m in metrics if "round" in m] + [ck["next_round"]])
+
+    def empty(ax, text: str) -> None:
+        """A panel with nothing to draw says why instead of staying blank."""
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35",
+                wrap=True)
+
     fig, axes = plt.subplots(len(layers) + 1, 2, figsize=(10, 3.4 * (len(layers) + 1)), squeeze=False)
     for j, ly in enumerate(layers):
         vals = torch.cat([w[n].reshape(-1) for w in weights.values() for n in w if layer_of(n) == ly]).numpy()
@@ -87,29 +97,50 @@ def main() -> int:
             r = [m["round"] for m in rows]
             ax.fill_between(r, [m[f"ala_w_q10.{ly}"] for m in rows], [m[f"ala_w_q90.{ly}"] for m in rows],
                             alpha=0.3, label="q10-q90 (mean over clients)")
-            ax.plot(r, [m[f"ala_w_q50.{ly}"] for m in rows], label="median")
-            ax.plot(r, [m[f"ala_w_mean.{ly}"] for m in rows], label="mean")
+            mk = "." if len(r) < 30 else None
+            ax.plot(r, [m[f"ala_w_q50.{ly}"] for m in rows], marker=mk, label="median")
+            ax.plot(r, [m[f"ala_w_mean.{ly}"] for m in rows], marker=mk, label="mean")
+        drawn = bool(rows)
         for a in clients.values():
             hist = [h for h in a.get("history", []) if ly in h["w"]]
             if hist:
                 ax.plot([h["round"] for h in hist], [h["w"][ly][2] for h in hist], color="grey", lw=0.5, alpha=0.5)
+                drawn = True
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"W of {ly} across rounds\n(grey: each client's median)", fontsize=10)
+        ax.set_title(f"W of {ly} across rounds" + ("\n(grey: each client's median)" if drawn and not rows else ""),
+                     fontsize=10)
         ax.set_xlabel("round")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.set_ylabel("weight")
+        if rows:
+            ax.legend(fontsize=8, loc="lower right")
+        if not drawn:
+            empty(ax, "no weights recorded across rounds yet\n(ALA learns W from round 2 on)")
     ax = axes[-1][0]
-    ax.plot([r for r, s in shares if s is not None], [s for _, s in shares if s is not None], marker="o", ms=3)
-    ax.set_title("ALA share of training time per round", fontsize=10)
+    pts = [(r, 100 * s) for r, s in shares if s is not None]
+    if pts:
+        ax.plot(*zip(*pts), marker="o", ms=3)
+    else:
+        empty(ax, "no ALA timings in metrics.jsonl")
+    ax.set_title("ALA's share of the clients' training time", fontsize=10)
     ax.set_xlabel("round")
+    ax.set_ylabel("% of client time")
+    ax.set_ylim(bottom=0)
     ax = axes[-1][1]
-    ax.plot([m["round"] for m in metrics if "ala_epochs" in m], [m["ala_epochs"] for m in metrics if "ala_epochs" in m],
-            marker="o", ms=3)
+    pts = [(m["round"], m["ala_epochs"]) for m in metrics if m.get("ala_epochs") is not None]
+    if pts:
+        ax.plot(*zip(*pts), marker="o", ms=3)
+    else:
+        empty(ax, "no weight learning yet\n(ALA learns W from round 2 on)")
     ax.set_title("weight-learning epochs per client (mean)", fontsize=10)
     ax.set_xlabel("round")
+    ax.set_ylabel("epochs")
+    ax.set_ylim(bottom=0)
     for row in axes:
         for ax in row:
-            if ax.get_xlabel() == "round":
+            if ax.get_xlabel() == "round":  # every round panel over the same rounds, whole-number ticks
+                ax.set_xlim(0.5, last + 0.5)
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True)) if ax.get_ylabel() == "epochs" else None
     fig.tight_layout()
     out = Path(args.out) if args.out else run / "ala_weights.png"
     fig.savefig(out, dpi=100)

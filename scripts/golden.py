@@ -48,8 +48,11 @@ EXTRA = {
 
 
 def strip(row: dict) -> dict:
-    """A metrics row without wall-clock fields (``*seconds*`` and the ``*_share`` derived from them)."""
-    return {k: v for k, v in row.items() if "seconds" not in k and not k.endswith("_share")}
+    """A metrics row without wall-clock fields (``*seconds*`` and the ``*_share`` derived from them) and without
+    the per-client fields added after the goldens were recorded (``per_client``, ``global_per_client``: the counts
+    the pooled fields are summed from; see ``fedblend.common.histories.without_per_client``)."""
+    return {k: v for k, v in row.items() if "seconds" not in k and not k.endswith("_share")
+            and not k.endswith("per_client")}
 
 
 def recorded_protocol(config: Path, overrides: list[str]) -> list[str]:

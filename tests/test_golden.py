@@ -7,7 +7,11 @@ for the default suite).
 The goldens were recorded on one CPU and are checked on whatever CPU runs the suite, so floats are compared with
 the cross-machine tolerance of ``fedblend.common.histories`` and everything discrete exactly (bit-equality holds
 only between two runs on the same machine: see the backend and resume tests, and ``scripts/golden.py --exact``).
-The last two tests show that tolerance is right: it absorbs a last-bit perturbation of every input (what another
+The per-client fields (``per_client``, ``global_per_client``: each client's correct count and sample count) were
+added after the goldens were recorded; they are left out of the comparison (``without_per_client``) rather than
+re-recorded, so every field the goldens hold must still match, and
+``test_per_client_counts_add_up_to_the_pooled_fields`` ties the new fields to the compared ones.
+The tolerance tests show that tolerance is right: it absorbs a last-bit perturbation of every input (what another
 CPU's kernels do) and still catches a one-percent change of the learning rate."""
 
 import json
@@ -17,7 +21,8 @@ import pytest
 import torch
 
 from fedblend.common.histories import diff_histories
-from tests.golden.record_synthetic import history, keys, uses_ala
+from tests.golden.record_synthetic import CASES, ala_stream, history, keys, uses_ala
+from tests.helpers import tiny_sim
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "synthetic.json").read_text())
 
@@ -83,3 +88,25 @@ def test_every_benchmark_config_has_a_golden():
     stems = {p.stem for p in (repo / "configs" / "benchmarks").glob("*.toml")}
     golden = {p.stem for p in (repo / "tests" / "golden" / "benchmarks").glob("*.jsonl")}
     assert stems <= golden, f"benchmark configs without a golden: {sorted(stems - golden)}"
+
+
+@pytest.mark.parametrize("key", ["fedavg/full", "fedala/partial-keep", "fedapa/full"])
+def test_per_client_counts_add_up_to_the_pooled_fields(key, tiny_fed):
+    """The per-client fields left out of the golden comparison are the counts the compared fields come from:
+    pooled accuracy = sum correct / sum n, and mean / std of the per-client accuracies, exactly."""
+    import numpy as np
+
+    spec, case = key.split("/")
+    sim = tiny_sim(tiny_fed, spec, **CASES[case], **ala_stream(spec, "eval"))
+    sim.run()
+    for row in sim.history:
+        for prefix in ("", "global_"):
+            pc = row.get(f"{prefix}per_client")
+            if pc is None:
+                assert prefix == "global_" and f"{prefix}acc" not in row
+                continue
+            assert pc["clients"] == list(range(tiny_fed.num_clients))
+            assert row[f"{prefix}acc"] == sum(pc["correct"]) / sum(pc["n"])
+            accs = np.array([c / n for c, n in zip(pc["correct"], pc["n"])])
+            assert row[f"{prefix}acc_client_mean"] == float(accs.mean())
+            assert row[f"{prefix}acc_client_std"] == float(accs.std())

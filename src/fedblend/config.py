@@ -41,16 +41,17 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
 from fedblend.common.options import ConfigError, check_value, from_table, to_table
+from fedblend.common.plugins import PluginError
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
-from fedblend.data.sources import DATASETS, INPUTS
-from fedblend.models.zoo import MODELS, build_model
+from fedblend.data.sources import DATASETS, INPUTS, find_dataset
+from fedblend.models.zoo import MODELS, build_model, find_model
 from fedblend.rundir import check_name
 
 if sys.version_info >= (3, 11):
@@ -65,8 +66,20 @@ class LogConfig:
     """Where a run's metrics go besides its results files (the ``[log]`` table). Runtime only: it changes no
     result, so it is left out of the config hash and may differ on ``--resume``."""
 
+    CHOICES: ClassVar[dict] = {"wandb_mode": ("offline", "online")}
+
     tensorboard: bool = False  # every metrics row to OUT/tensorboard as it happens (pip install 'fedblend[tensorboard]')
     plot: bool = True  # OUT/accuracy.png (personalized and global accuracy per round) at the end (needs matplotlib)
+    mlflow: bool = field(default=False, metadata={"help": "every metrics row to MLflow as it happens, one run per "
+                                                          "results directory (pip install 'fedblend[mlflow]')"})
+    mlflow_uri: str = field(default="", metadata={"help": "MLflow tracking URI; empty = a local file store in "
+                                                          "OUT/mlruns (no server)"})
+    mlflow_experiment: str = field(default="fedblend", metadata={"help": "MLflow experiment the run is logged under"})
+    wandb: bool = field(default=False, metadata={"help": "every metrics row to Weights & Biases as it happens "
+                                                         "(pip install 'fedblend[wandb]')"})
+    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (files in OUT/wandb, `wandb "
+                                                                 "sync` uploads them later) or online"})
+    wandb_project: str = field(default="fedblend", metadata={"help": "W&B project the run is logged under"})
 
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol,
@@ -186,10 +199,20 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
             choices = SCALAR_CHOICES.get(k)
             if k in ("dataset", "model"):  # listed sorted in the message
                 choices = tuple(sorted(choices))
-            kwargs[k] = check_value(raw.pop(k), tp, k, choices, SCALAR_RANGES.get(k))
+                if isinstance(raw[k], str) and raw[k] not in choices and _plugin_exists(k, raw[k]):
+                    choices = None  # a plug-in's dataset or model (fedblend.common.plugins)
+            try:
+                kwargs[k] = check_value(raw.pop(k), tp, k, choices, SCALAR_RANGES.get(k))
+            except ConfigError as exc:
+                if k not in ("dataset", "model"):
+                    raise
+                raise ConfigError(f"{exc} (or a plug-in: an entry point of group fedblend.{k}s, or "
+                                  f"'package.module:{'function' if k == 'dataset' else 'Class'}')") from None
     method = kwargs.get("method", "fedavg")
     try:
         base, parts = parse_method(method)
+    except PluginError:
+        raise
     except ValueError as exc:
         raise ConfigError(f"method: {exc}") from exc
     for name in [*TABLES, "options", *parts]:
@@ -242,6 +265,11 @@ def check_config(cfg: RunConfig) -> RunConfig:
     return config_from_dict(raw)
 
 
+def _plugin_exists(kind: str, name: str) -> bool:
+    """Whether a plug-in provides dataset / model ``name`` (importing it; a broken plug-in raises its error)."""
+    return (find_dataset if kind == "dataset" else find_model)(name) is not None
+
+
 def check_cross_fields(cfg: RunConfig, partition_given: set[str] = frozenset()) -> None:
     """Rules between fields: the model fits the dataset, evaluation on validation data needs a split that has
     it, and split-specific ``[partition]`` options (``partition_given``: the ones set explicitly) match the
@@ -266,9 +294,12 @@ def check_model_fits(model: str, dataset: str) -> None:
     """The model accepts the dataset's samples (text vs image, image size), from :data:`INPUTS` alone: a
     model built for the dataset's shape runs one zero sample. Checked before a run (not by ``partition``,
     which builds no model)."""
+    if dataset not in INPUTS:  # a plug-in dataset that does not declare its inputs: checked when it is loaded
+        return
     kind, shape = INPUTS[dataset]
     wants = "text" if model == "fasttext" else "image"
-    if kind != wants:
+    builtin = model in SCALAR_CHOICES["model"]  # a plug-in model says nothing about its input kind
+    if kind != wants and builtin:
         raise ConfigError(f"model {model!r} needs {wants} data; dataset {dataset!r} is {kind} "
                           f"(choose {'fasttext' if kind == 'text' else 'an image model'})")
     if shape is None:
@@ -280,7 +311,9 @@ def check_model_fits(model: str, dataset: str) -> None:
     try:
         with torch.no_grad():
             build_model(model, info)(torch.zeros(1, c, side, side))
-    except RuntimeError as exc:
+    except PluginError:
+        raise
+    except (RuntimeError, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"model {model!r} does not fit dataset {dataset!r} ({c}x{side}x{side} images): "
                           f"{str(exc).splitlines()[0]}") from exc
 

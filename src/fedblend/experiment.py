@@ -6,15 +6,19 @@ Results directory (the run contract other tools rely on)::
                        headed by comments with its hash and the run identity
     partition.json     per-client sample indices, class counts and the partition spec (reloadable)
     partition.txt      the per-client class-count table
-    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...);
-                       a run stopped by a non-finite update ends with a row saying so; a round in which
-                       the run diverged carries "diverged": reason
+    metrics.jsonl      one JSON object per round (accuracy, loss, bytes down/up per client, seconds, ...; each
+                       evaluated round's per_client: {clients, correct, n}); a run stopped by a non-finite update
+                       ends with a row saying so; a round in which the run diverged carries "diverged": reason
     metrics.csv        the scalar columns of metrics.jsonl
-    accuracy.png       personalized (and global) test accuracy per round, written at the end ([log] plot)
+    accuracy.png       personalized accuracy per round with the clients' spread (and the global model's),
+                       titled by method and setting, written at the end ([log] plot)
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
+    mlruns/, wandb/    the same in a local MLflow store ([log] mlflow; .mlflow_run names the run) and an offline
+                       W&B run ([log] wandb)
     summary.json       status ("finished", or "diverged" with divergence = {round, reason}: a diverged run is
                        never a result), best_accuracy, final_accuracy, best_round,
-                       global_accuracy (if a global model exists), rounds, seconds_per_round, seed, method,
+                       global_accuracy (if a global model exists), the clients' spread (worst client, 10th
+                       percentile, std at the final and headline rounds), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads)
     checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
 import os
 import platform
@@ -71,11 +76,14 @@ from fedblend.config import (
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint
 from fedblend.core.engine import Simulation
+from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
 from fedblend.rundir import RUN_FILES, DirLock, clear_run, locked_by
-from fedblend.tracking import TB_DIR, TensorBoardLog, check_available
+from fedblend.tracking import check_available, make_trackers
+
+log = logging.getLogger("fedblend.run")
 
 assert FILENAME in RUN_FILES  # the run files (fedblend.rundir, which --force and the lock use)
 
@@ -282,6 +290,9 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
         vals = [m[f"{tag}_acc"] for m in sim.history if f"{tag}_acc" in m]
         if vals:
             out[f"{tag}_best_accuracy"], out[f"{tag}_final_accuracy"] = max(vals), vals[-1]
+    headline_round = sel.get("selected_round", sel["best_round"] if sim.protocol.report == "best" else
+                             (evals[-1]["round"] if evals else None))
+    out.update(client_spread_summary(evals, headline_round))  # worst client, 10th percentile, std
     out["accuracy"] = sel["accuracy"]
     return out
 
@@ -421,6 +432,7 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
         if ck is not None:
             sim.restore(ck_path, ck)
             start = sim.next_round
+            log.info("resuming %s from its checkpoint after round %d of %d", out, start, cfg.rounds)
             _rewrite_metrics(out, sim.history)  # metrics.jsonl must end at the checkpoint's round
         else:
             if not created:
@@ -433,7 +445,7 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
             fed.save(part_path)
         ck_files = {"partition.json": files.sha256_file(part_path)}
         _write(out / "config.toml", config_header(identity) + dump_toml(identity["config"]))
-        trackers = [TensorBoardLog(out / TB_DIR)] if cfg.log.tensorboard else []
+        trackers = make_trackers(cfg.log, out, identity)  # TensorBoard, MLflow, W&B as [log] asks
         try:
             summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers, ck_files)
         finally:
@@ -508,42 +520,18 @@ def _finish(out: Path, sim: Simulation, summary: dict, identity: dict) -> None:
 
 
 def plot_run(out: Path) -> Path | None:
-    """``OUT/accuracy.png``: personalized (and, where the method has one, global) test accuracy per round of the
-    run in ``out``; skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
+    """``OUT/accuracy.png``: personalized accuracy per round with the clients' spread (and the global model's,
+    where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
+    skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        import matplotlib  # noqa: F401
     except ImportError:
         warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
                       RuntimeWarning, stacklevel=2)
         return None
-    from fedblend.common.jsonio import read_jsonl
+    from fedblend.figures import plot_run_accuracy
 
-    rows = read_jsonl(out / "metrics.jsonl", f"continue the run with --resume (it rewrites {out / 'metrics.jsonl'})")
-    rows = [r for r in rows if "acc" in r and "round" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, name in (("acc", "personalized"), ("global_acc", "global")):
-        pts = [(r["round"], 100 * r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None, label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(out.name, fontsize=9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "accuracy.png"
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise files.WriteError(path, exc) from exc
-    finally:
-        plt.close(fig)
-    return path
+    return plot_run_accuracy(out)
 
 
 def config_header(identity: dict) -> str:

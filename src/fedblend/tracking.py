@@ -1,16 +1,31 @@
 """Metrics trackers: a run's metrics rows, as they happen, in the tools people already use.
 
-``[log] tensorboard = true`` writes every metrics row of a run to ``OUT/tensorboard/`` (TensorBoard event
-files, through ``torch.utils.tensorboard.SummaryWriter``; needs ``pip install 'fedblend[tensorboard]'``), one
-scalar per column of ``metrics.csv`` at step = round; ``fedblend export tensorboard RUN_DIR`` writes the same from
-a finished run's ``metrics.jsonl``. Point TensorBoard at the folder: ``tensorboard --logdir runs/``.
+One small interface (:class:`Tracker`: called with every metrics row, then closed), three trackers, each an
+optional extra that is checked before a run starts:
+
+* ``[log] tensorboard = true`` writes every metrics row of a run to ``OUT/tensorboard/`` (TensorBoard event
+  files, through ``torch.utils.tensorboard.SummaryWriter``; ``pip install 'fedblend[tensorboard]'``). Point
+  TensorBoard at the folder: ``tensorboard --logdir runs/``.
+* ``[log] mlflow = true`` logs to MLflow (``pip install 'fedblend[mlflow]'``): by default a local file store in
+  ``OUT/mlruns`` (no server: ``mlflow ui --backend-store-uri OUT/mlruns``), or ``[log] mlflow_uri`` (a
+  ``sqlite:///...`` file, a server). The run is named by the config's label and seed, its parameters are the
+  resolved config's fields (dotted), its tags the config hash and method.
+* ``[log] wandb = true`` logs to Weights & Biases (``pip install 'fedblend[wandb]'``), offline by default (files
+  in ``OUT/wandb``; ``wandb sync OUT/wandb/offline-run-*`` uploads them later), with the resolved config.
+
+Every tracker logs the numbers of each row as ``metrics.csv`` has them (:func:`scalar_row`), at step = round.
+``fedblend export {tensorboard,mlflow,wandb} RUN_DIR`` writes the same from a finished run's ``metrics.jsonl``,
+replacing what an earlier export (or the live log) wrote there, so exporting twice gives the same records.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import read_jsonl
@@ -42,6 +57,19 @@ def _summary_writer():
     return SummaryWriter
 
 
+class Tracker(Protocol):
+    """A destination for a run's metrics rows: called with each row (a dict as in ``metrics.jsonl``) as the run
+    writes it, then closed once."""
+
+    def __call__(self, m: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _loggable(m: dict) -> bool:
+    return "round" in m and not m.get("stopped")
+
+
 class TensorBoardLog:
     """Writes metrics rows to TensorBoard event files under ``log_dir`` as they come."""
 
@@ -49,7 +77,7 @@ class TensorBoardLog:
         self.writer = (writer_cls or _summary_writer())(log_dir=str(log_dir))
 
     def __call__(self, m: dict) -> None:
-        if not isinstance(m.get("round"), int) or m.get("stopped"):
+        if not _loggable(m):
             return
         for k, v in scalar_row(m).items():
             self.writer.add_scalar(k, v, global_step=int(m["round"]))
@@ -59,10 +87,238 @@ class TensorBoardLog:
         self.writer.close()
 
 
+def _mlflow():
+    try:
+        import mlflow  # noqa: F401
+        from mlflow.tracking import MlflowClient
+    except ImportError as exc:
+        raise ConfigError("[log] mlflow = true needs MLflow: pip install 'fedblend[mlflow]'") from exc
+    return MlflowClient
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+class MLflowLog:
+    """Logs metrics rows to an MLflow run (one per results directory: its id is kept in ``OUT/.mlflow_run``, so a
+    resumed run continues the same MLflow run). ``uri`` empty: a local file store in ``out/mlruns``."""
+
+    ID_FILE = ".mlflow_run"
+
+    def __init__(self, out: str | Path, identity: dict | None = None, uri: str = "", experiment: str = "fedblend",
+                 fresh: bool = False):
+        client_cls = _mlflow()
+        out = Path(out)
+        if not uri:
+            # MLflow 3 keeps its plain-file store only on request; it is what "no server, files in OUT" needs
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (out / "mlruns").resolve().as_uri()
+        self.uri = uri
+        self.client = client_cls(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        eid = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        id_file = out / self.ID_FILE
+        old = id_file.read_text().strip() if id_file.exists() else ""
+        if old and fresh:
+            try:
+                self.client.delete_run(old)
+            except Exception:  # noqa: BLE001 - the old run is gone already (another store): nothing to replace
+                pass
+            old = ""
+        if old:
+            self.run_id = old
+        else:
+            cfg = (identity or {}).get("config") or {}
+            name = f"{cfg.get('name') or cfg.get('method', 'run')}-seed{cfg.get('seed', 0)}"
+            tags = {"fedblend.config_hash": str((identity or {}).get("config_hash", "")),
+                    "fedblend.method": str(cfg.get("method", "")), "fedblend.out": str(out.resolve())}
+            self.run_id = self.client.create_run(eid, run_name=name, tags=tags).info.run_id
+            from mlflow.entities import Param
+
+            params = [Param(k[:250], str(v)[:6000]) for k, v in _flat(cfg).items()]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(self.run_id, params=params[i:i + 100])
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(self.run_id + "\n")
+
+    def __call__(self, m: dict) -> None:
+        if not _loggable(m):
+            return
+        from mlflow.entities import Metric
+
+        step = int(m["round"])
+        metrics = [Metric(k, v, 0, step) for k, v in scalar_row(m).items()]
+        for i in range(0, len(metrics), 500):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 500])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def read_mlflow(uri: str, run_id: str) -> dict[str, dict[int, float]]:
+    """``{metric: {step: value}}`` of an MLflow run, through MLflow's own client."""
+    client = _mlflow()(uri)
+    keys = client.get_run(run_id).data.metrics
+    return {k: {h.step: h.value for h in client.get_metric_history(run_id, k)} for k in keys}
+
+
+def _wandb():
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ConfigError("[log] wandb = true needs Weights & Biases: pip install 'fedblend[wandb]'") from exc
+    return wandb
+
+
+class WandbLog:
+    """Logs metrics rows to a W&B run, offline by default (files under ``out/wandb``), with the resolved config."""
+
+    def __init__(self, out: str | Path, identity: dict | None = None, project: str = "fedblend",
+                 mode: str = "offline", fresh: bool = False):
+        wandb = _wandb()
+        out = Path(out)
+        target = out / "wandb"
+        if fresh:  # an export replaces the runs an earlier export (or the live log) wrote there
+            shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True, exist_ok=True)
+        cfg = (identity or {}).get("config") or {}
+        name = f"{cfg.get('name') or cfg.get('method', 'run')}-seed{cfg.get('seed', 0)}"
+        self.run = wandb.init(project=project, name=name, dir=str(out), mode=mode, config=cfg, reinit="create_new",
+                              tags=[str(cfg.get("method", ""))] if cfg.get("method") else None,
+                              settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+
+    def __call__(self, m: dict) -> None:
+        if _loggable(m):
+            self.run.log(scalar_row(m), step=int(m["round"]))
+
+    def close(self) -> None:
+        self.run.finish()
+        _wandb().teardown()  # finish() returns before W&B's service has written the run's files; this waits
+
+
+def read_wandb_offline(run_dir: str | Path) -> dict[str, dict[int, float]]:
+    """``{metric: {step: value}}`` of the offline W&B runs under ``run_dir`` (a results directory, or its
+    ``wandb`` folder): the history records of their ``.wandb`` files, decoded with W&B's own record schema
+    (``wandb.proto.wandb_internal_pb2.Record``)."""
+    from wandb.proto import wandb_internal_pb2
+
+    out: dict[str, dict[int, float]] = {}
+    for path in sorted(Path(run_dir).rglob("run-*.wandb")):
+        for data in wandb_records(path.read_bytes()):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(data)
+            if rec.WhichOneof("record_type") != "history":
+                continue
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            step = int(items.get("_step", rec.history.step.num))
+            for k, v in items.items():
+                if not k.startswith("_") and isinstance(v, (int, float)):
+                    out.setdefault(k, {})[step] = float(v)
+    return out
+
+
+WANDB_HEADER = b":W&B\xe1\xbe\x00"  # ident, magic 0xBEE1, version 0
+WANDB_BLOCK = 32768
+
+
+def wandb_records(blob: bytes) -> list[bytes]:
+    """The records of a ``.wandb`` file: W&B's transaction log (LevelDB's log framing: 32 KiB blocks of records,
+    each a 7-byte header -- crc32, length, type full / first / middle / last -- and its data)."""
+    import struct
+
+    if not blob.startswith(WANDB_HEADER):
+        raise ValueError("not a W&B transaction log (bad header)")
+    records, pending, pos = [], b"", len(WANDB_HEADER)
+    while pos + 7 <= len(blob):
+        left = WANDB_BLOCK - pos % WANDB_BLOCK
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", blob[pos:pos + 7])
+        data = blob[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            pos += WANDB_BLOCK - pos % WANDB_BLOCK if pos % WANDB_BLOCK else 0
+            continue
+        if kind == 1:
+            records.append(data)
+        elif kind == 2:
+            pending = data
+        elif kind == 3:
+            pending += data
+        elif kind == 4:
+            records.append(pending + data)
+            pending = b""
+    return records
+
+
+def make_trackers(cfg_log: Any, out: str | Path, identity: dict | None = None) -> list[Tracker]:
+    """The trackers a run's ``[log]`` table asks for, writing into the results directory ``out``."""
+    out = Path(out)
+    trackers: list[Tracker] = []
+    if getattr(cfg_log, "tensorboard", False):
+        trackers.append(TensorBoardLog(out / TB_DIR))
+    if getattr(cfg_log, "mlflow", False):
+        trackers.append(MLflowLog(out, identity, cfg_log.mlflow_uri, cfg_log.mlflow_experiment))
+    if getattr(cfg_log, "wandb", False):
+        trackers.append(WandbLog(out, identity, cfg_log.wandb_project, cfg_log.wandb_mode))
+    return trackers
+
+
 def check_available(cfg_log: Any) -> None:
     """Fail before a run starts when a requested tracker's package is missing."""
     if getattr(cfg_log, "tensorboard", False):
         _summary_writer()
+    if getattr(cfg_log, "mlflow", False):
+        _mlflow()
+    if getattr(cfg_log, "wandb", False):
+        _wandb()
+
+
+def export_run(fmt: str, run_dir: str | Path, out: str | Path | None = None) -> str:
+    """``fedblend export FORMAT RUN_DIR``: a finished run's metrics.jsonl into ``tensorboard`` (event files in
+    ``out``, default ``RUN_DIR/tensorboard``), ``mlflow`` (the local store ``out``, default ``RUN_DIR/mlruns``) or
+    ``wandb`` (an offline run under ``out``, default ``RUN_DIR``), replacing an earlier export there; returns
+    where it wrote."""
+    run = Path(run_dir)
+    rows = _rows(run)
+    if fmt == "tensorboard":
+        return str(export_tensorboard(run, out))
+    identity = {}
+    if (run / "summary.json").exists():
+        s = json.loads((run / "summary.json").read_text())
+        identity = {"config": (s.get("run") or {}).get("config") or {}, "config_hash": s.get("config_hash")}
+    if fmt == "mlflow":
+        base = Path(out) if out else run
+        tr: Tracker = MLflowLog(base, identity, "" if out is None else (base / "mlruns").resolve().as_uri(),
+                                fresh=True)
+        where = f"{tr.uri} (run {tr.run_id})"
+    elif fmt == "wandb":
+        base = Path(out) if out else run
+        tr = WandbLog(base, identity, fresh=True)
+        where = str(base / "wandb")
+    else:
+        raise ConfigError(f"export: unknown format {fmt!r}; known: tensorboard, mlflow, wandb")
+    try:
+        for m in rows:
+            tr(m)
+    finally:
+        tr.close()
+    return where
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{run}: no metrics.jsonl (not a run directory)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def export_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -42,12 +42,13 @@ def ala_stream(spec: str, stream: str) -> dict:
 def history(fed, key: str, stream: str = "eval", **train) -> list[dict]:
     """The history of golden case ``key`` (``"<spec>/<case>"``) without wall-clock fields, as JSON would store it;
     ``train`` overrides training settings of the case (tests of the comparison's tolerance)."""
+    from fedblend.common.histories import without_per_client
     from tests.helpers import tiny_sim, without_timings
 
     spec, case = key.split("/")
     sim = tiny_sim(fed, spec, **{**CASES[case], **train}, **ala_stream(spec, stream))
     sim.run()
-    return json.loads(json.dumps(without_timings(sim.history)))
+    return json.loads(json.dumps(without_per_client(without_timings(sim.history))))
 
 
 def keys() -> list[str]:

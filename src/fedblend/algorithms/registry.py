@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from fedblend.common import plugins
 from fedblend.common.options import from_table
 from fedblend.core.method import ClientTransform, Method
 
@@ -32,14 +33,43 @@ def make_options(cls: type, values: Mapping[str, Any] | None, where: str) -> Any
     return from_table(cls, dict(values or {}), where)
 
 
+def find_plugin(kind: str, name: str) -> type | None:
+    """Method or transform ``name`` from a plug-in (``fedblend.common.plugins``: a ``"pkg.module:Class"`` path or
+    an entry point of ``fedblend.methods`` / ``fedblend.transforms``), registered under ``name``; None if there
+    is none. Built-in names win (they are in the registry already)."""
+    table, base = (METHODS, Method) if kind == "method" else (TRANSFORMS, ClientTransform)
+    if name in table:
+        return table[name]
+    obj = plugins.find(kind, name)
+    if obj is None:
+        return None
+    table[name] = plugins.check_subclass(kind, name, obj, base)
+    return table[name]
+
+
 def parse_method(spec: str) -> tuple[str, list[str]]:
     base, *parts = [s.strip() for s in spec.split("+")]
-    if base not in METHODS:
-        raise ValueError(f"unknown method {base!r}; choose one of {sorted(METHODS)}")
+    if base not in METHODS and find_plugin("method", base) is None:
+        raise ValueError(f"unknown method {base!r}; choose one of {sorted(METHODS)}, a plug-in's entry point "
+                         f"(group fedblend.methods) or 'package.module:Class'")
     for p in parts:
-        if p not in TRANSFORMS:
-            raise ValueError(f"unknown transform {p!r} in {spec!r}; choose from {sorted(TRANSFORMS)}")
+        if p not in TRANSFORMS and find_plugin("transform", p) is None:
+            raise ValueError(f"unknown transform {p!r} in {spec!r}; choose from {sorted(TRANSFORMS)}, a plug-in's "
+                             f"entry point (group fedblend.transforms) or 'package.module:Class'")
     return base, parts
+
+
+def load_all_plugins() -> dict[str, str]:
+    """Load every method and transform an installed package declares (for listings); returns ``{kind name:
+    error}`` for those that fail, instead of raising."""
+    failed = {}
+    for kind in ("method", "transform"):
+        for name in sorted(plugins.declared(kind)):
+            try:
+                find_plugin(kind, name)
+            except plugins.PluginError as exc:
+                failed[f"{kind} {name}"] = str(exc)
+    return failed
 
 
 def build_method(spec: str, options: Mapping[str, Any] | None = None,

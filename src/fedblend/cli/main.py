@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from pathlib import Path
@@ -102,7 +104,8 @@ def parser() -> argparse.ArgumentParser:
                      "may grow)")
     run.add_argument("--force", action="store_true", help="replace a run already in OUT (everything the old run "
                      "wrote there is removed first)")
-    run.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: torch's)")
+    run.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads (default 1, as "
+                     "sweep: small models on a shared CPU run fastest so; see README)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--check", action="store_true", help="check the config, OUT, the data, the partition and the "
                      "model as a run would before its first round, and stop: the --dry-run without timing a client "
@@ -116,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-plots", action="store_true")
     rep.add_argument("--compare", nargs=2, metavar=("A", "B"), help="paired per-seed differences A - B with a "
                      "t-interval; A and B name groups (label, method, part of a label, or label@hash)")
+    rep.add_argument("--band", choices=["std", "ci"], default="std", help="the curves' band: sample std over seeds "
+                     "(default, as the table) or the 95%% t-interval of the mean")
     _debug(rep)
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
@@ -148,10 +153,11 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="print what each run would do (start, resume, "
                     "restart, skip) and stop")
     _debug(sw)
-    ex = sub.add_parser("export", help="export a finished run to a tracker: tensorboard")
-    ex.add_argument("format", choices=["tensorboard"])
+    ex = sub.add_parser("export", help="export a finished run to a tracker: tensorboard, mlflow, wandb (offline); "
+                                       "exporting again replaces the earlier export")
+    ex.add_argument("format", choices=["tensorboard", "mlflow", "wandb"])
     ex.add_argument("run_dir", help="a run directory (holding metrics.jsonl)")
-    ex.add_argument("--out", help="where to write (default RUN_DIR/tensorboard)")
+    ex.add_argument("--out", help="where to write (default RUN_DIR/tensorboard, RUN_DIR/mlruns, RUN_DIR/wandb)")
     _debug(ex)
     b = sub.add_parser("bench", help="time engine rounds against a plain PyTorch loop over the same work")
     _common(b)
@@ -161,8 +167,7 @@ def parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
                                           "run CONFIG with the body kept local, write the agent file to --out")
     _common(pre)
-    pre.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: "
-                     "torch's)")
+    pre.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads (default 1, as run)")
     pre.add_argument("--quiet", action="store_true", help="no progress display")
     pre.add_argument("--force", action="store_true", help="replace an earlier pre-training run in OUT.run")
     dep = sub.add_parser("deploy", help="run CONFIG on Flower: a SuperLink and N SuperNodes on loopback "
@@ -177,6 +182,7 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch threads per process (default 1)")
     dep.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     dep.add_argument("--force", action="store_true", help="replace a run already in OUT")
+    dep.add_argument("--quiet", action="store_true", help="no progress display")
     dep.add_argument("--write-app", metavar="APP_DIR", help="only write the Flower app (for `flwr run APP_DIR "
                      "CONNECTION` against your own SuperLink; OUT is then a path on the SuperLink's machine)")
     return ap
@@ -185,6 +191,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
+    _setup_logging(logging.DEBUG if debug else logging.WARNING if "--quiet" in argv else logging.INFO)
     _sigterm_interrupts()
     die_with_parent()  # a run started by `fedblend sweep` stops when the sweep dies, even by kill -9
     try:
@@ -207,6 +214,30 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("fedblend: error: interrupted", file=sys.stderr)
         return 130
+
+
+class _StderrHandler(logging.Handler):
+    """Writes records to the current ``sys.stderr`` (looked up at each record, so a replaced stderr is honoured)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _setup_logging(level: int) -> None:
+    """The library logs through ``logging.getLogger("fedblend...")`` (what a deployment does, resumes, faults a
+    Flower backend noticed); the command shows INFO and above on stderr as ``fedblend: message`` (``--quiet``:
+    warnings only, ``--debug``: everything). A program using the library configures logging itself."""
+    log = logging.getLogger("fedblend")
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("fedblend: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def _sigterm_interrupts() -> None:
@@ -257,17 +288,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     if extra is not None:
         return extra
     if args.cmd == "methods":
+        from fedblend.algorithms.registry import load_all_plugins
+
+        failed = load_all_plugins()  # installed packages' entry points (fedblend.methods / fedblend.transforms)
         for name, cls in sorted(METHODS.items()):
             opts = {f.name: f.default for f in dataclasses.fields(cls.options_cls)}
-            print(f"{name:12s} {opts}  -- {cls.paper}")
+            print(f"{name:12s} {opts}  -- {cls.paper}{_plugin_note(cls)}")
         for name, cls in sorted(TRANSFORMS.items()):
             opts = {f.name: f.default for f in dataclasses.fields(cls.options_cls)}
-            print(f"+{name:11s} {opts}")
+            print(f"+{name:11s} {opts}{_plugin_note(cls)}")
+        for what, err in failed.items():
+            print(f"fedblend: warning: {what} cannot be used: {err}", file=sys.stderr)
         return 0
     if args.cmd == "report":
         from fedblend.cli.report import report
 
-        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare), end="")
+        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band), end="")
         return 0
     overrides = list(args.overrides)
     for flag in ("device", "backend", "workers"):
@@ -385,9 +421,9 @@ def _dispatch_workflow(args: argparse.Namespace) -> int | None:
         print(_configs_text(args.filter), end="")
         return 0
     if args.cmd == "export":
-        from fedblend.tracking import export_tensorboard
+        from fedblend.tracking import export_run
 
-        print(f"wrote {export_tensorboard(args.run_dir, args.out)}")
+        print(f"wrote {export_run(args.format, args.run_dir, args.out)}")
         return 0
     if args.cmd == "sweep":
         from fedblend.cli.sweep import plan, sweep
@@ -409,42 +445,83 @@ def _echo(*a, **k) -> None:
 
 
 def _method_help(name: str) -> str:
-    """A method's or transform's options: default, allowed values and the comment beside the field."""
+    """A method's or transform's options: default, allowed values and each field's help (its ``help`` metadata,
+    else the comment beside or above the field in the source)."""
     import inspect
 
+    from fedblend.algorithms.registry import find_plugin
     from fedblend.common.options import allowed_text
 
     key = name.lstrip("+")
-    cls = METHODS.get(key) or TRANSFORMS.get(key)
+    cls = METHODS.get(key) or TRANSFORMS.get(key) or find_plugin("method", key) or find_plugin("transform", key)
     if cls is None:
         raise ConfigError(f"no method or transform {name!r}; methods: {', '.join(sorted(METHODS))}; transforms: "
-                          f"{', '.join(sorted(TRANSFORMS))}")
+                          f"{', '.join(sorted(TRANSFORMS))} (and plug-ins: fedblend methods lists them)")
     opts = cls.options_cls
-    comments = _field_comments(inspect.getsource(opts)) if dataclasses.fields(opts) else {}
+    helps = field_help(opts)
     where = "options" if key in METHODS else key
-    head = f"{key}" + (f" -- {cls.paper}" if getattr(cls, "paper", None) else "")
+    head = f"{key}" + (f" -- {cls.paper}" if getattr(cls, "paper", None) else "") + _plugin_note(cls)
     doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "").split("\n\n")[0]
     lines = [head, *(["", doc] if doc else []), "", f"[{where}] table (in the config, or --set {where}.NAME=VALUE):"]
     for f in dataclasses.fields(opts):
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         lines.append(f"  {f.name} = {default!r}    ({allowed_text(opts, f.name)})")
-        if comments.get(f.name):
-            lines.append(f"      {comments[f.name]}")
+        if helps.get(f.name):
+            lines += [f"      {ln}" for ln in textwrap.wrap(helps[f.name], 100)]
     if not dataclasses.fields(opts):
         lines.append("  (none)")
     return "\n".join(lines).replace("`", "") + "\n"
 
 
+def _plugin_note(cls: type) -> str:
+    """`` [plug-in: module]`` for a method or transform that is not part of fedblend."""
+    mod = getattr(cls, "__module__", "")
+    return "" if mod.startswith("fedblend.") else f"  [plug-in: {mod}]"
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """``{field: help}`` of an options dataclass: ``dataclasses.field(metadata={"help": ...})`` where given,
+    else the source's comment: ``#:`` lines above the field, or the ``#`` comment beside it with the comment-only
+    lines that continue it (one sentence may span lines)."""
+    import inspect
+
+    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+    out = {f.name: str(f.metadata["help"]) for f in fields if f.metadata.get("help")}
+    if len(out) == len(fields):
+        return out
+    try:
+        comments = _field_comments(inspect.getsource(cls))
+    except (OSError, TypeError):
+        comments = {}
+    return {**comments, **out}
+
+
 def _field_comments(source: str) -> dict[str, str]:
-    """``{field: its trailing # comment}`` from a dataclass's source."""
+    """``{field: its comment}`` from a dataclass's source (see :func:`field_help`)."""
     import re
 
-    out = {}
+    out: dict[str, str] = {}
+    above: list[str] = []
+    current = None  # the field whose trailing comment the next comment-only lines continue
     for line in source.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^=]+=.*?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
+        m = re.match(r"\s+(\w+)\s*:[^=]+=(.*)$", line)
+        if m and not line.lstrip().startswith("#"):
+            name, rest = m.group(1), m.group(2)
+            trailing = re.search(r"#\s*(.+)$", rest) if "#" in rest else None
+            text = " ".join(above + ([trailing.group(1).strip()] if trailing else []))
+            if text:
+                out[name] = text
+            above, current = [], name if trailing else None
+            continue
+        c = re.match(r"\s*#(:?)\s?(.*)$", line)
+        if c and c.group(1):  # "#:" documents the next field
+            above.append(c.group(2).strip())
+            current = None
+        elif c and current is not None and c.group(2).strip():  # continues the trailing comment above
+            out[current] += " " + c.group(2).strip()
+        else:
+            above, current = ([] if not c else above), None
     return out
 
 
@@ -461,12 +538,29 @@ def _configs_text(pattern: str | None) -> str:
         paths = [p for p in paths if pattern in str(p.relative_to(root))]
     if not paths:
         return f"no configs under {root}" + (f" matching {pattern!r}" if pattern else "") + "\n"
-    rows = []
-    for p in paths:
-        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
-        rows.append((str(p.relative_to(root.parent)), first))
+    rows = [(str(p.relative_to(root.parent)), config_description(p)) for p in paths]
     width = max(len(r[0]) for r in rows)
     return "".join(f"{path:{width}s}  {desc}\n" for path, desc in rows)
+
+
+def config_description(path: Path) -> str:
+    """What a config runs, from its fields: ``FedAPA (mu=0.3): FMNIST, Dir(0.1), 20 clients, LeNet-5; 50 rounds``
+    (the method with the options that differ from its defaults, the setting, the rounds)."""
+    from fedblend.config import RunConfig, load_config
+    from fedblend.figures import method_name, setting_text
+
+    try:
+        cfg = load_config(path)
+    except FedblendError as exc:
+        return f"(does not load: {_one_line(exc)})"
+    resolved = cfg.resolved()
+    defaults = RunConfig(method=cfg.method).resolved()  # the method's and transforms' default options
+    changed = {k: v for k, v in resolved["options"].items() if defaults["options"].get(k) != v}
+    for t in cfg.transforms:
+        changed.update({f"{t}.{k}": v for k, v in resolved[t].items() if defaults[t].get(k) != v})
+    opts = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:3]) + (", ..." if len(changed) > 3 else "")
+    return (f"{method_name(cfg.method)}{f' ({opts})' if opts else ''}: {setting_text(resolved)}; "
+            f"{cfg.rounds} rounds")
 
 
 def _dry_run_text(d: dict) -> str:
@@ -547,8 +641,16 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
                             args.threads, args.resume, args.force)
         print(f"wrote the Flower app {app}; run it with: flwr run {app} CONNECTION --stream")
         return 0
-    summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
-                           min_clients=args.min_clients, threads=args.threads, resume=args.resume, force=args.force)
+    from fedblend.experiment import Progress
+
+    progress = None if getattr(args, "quiet", False) else Progress(cfg.rounds, f"flower {cfg.label}")
+    try:
+        summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
+                               min_clients=args.min_clients, threads=args.threads, resume=args.resume,
+                               force=args.force, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round"]
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {args.out}")

@@ -13,8 +13,12 @@ both groups have, with the mean difference, its Student-t confidence interval an
 (``scipy.stats``); a group is named by its label, ``label@hash``, its sweep folder, its method, or a unique part
 of its label.
 Written files: ``table.md``, ``table.csv``, ``table.tex``, ``table.json``, ``unfinished.json``,
-``compare.json`` / ``compare.md`` (with ``--compare``), ``accuracy.png`` (accuracy and loss curves side by
-side) and ``global_accuracy.png`` where a global model exists.
+``compare.json`` / ``compare.md`` (with ``--compare``; fewer than 3 paired seeds add a warning that the interval
+means little), ``accuracy.png`` (accuracy and loss curves side by side, legend by method, the setting and the
+number of seeds in the title, the band's meaning stated: ``--band std`` (default) or ``ci``),
+``global_accuracy.png`` where a global model exists, and ``per_client.png`` (every client's final-round accuracy
+per method, seeds pooled) where the runs recorded per-client results. The table's ``worst client %`` and ``client
+p10 %`` are the final round's worst client and 10th percentile, mean ± std over seeds.
 """
 
 from __future__ import annotations
@@ -140,11 +144,46 @@ def aggregate(runs: list[Path]) -> list[dict[str, Any]]:
             "global_best": mean_std_cell([s.get("global_best_accuracy") for s in ss]),
             "global_final": mean_std_cell([s.get("global_final_accuracy") for s in ss]),
             "s_per_round": mean_std_cell([s["seconds_per_round"] for s in ss], 1.0),
+            "worst_client": mean_std_cell([s.get("final_acc_client_worst") for s in ss]),
+            "p10_client": mean_std_cell([s.get("final_acc_client_p10") for s in ss]),
             "best_mean": _mean_or_none([s["best_accuracy"] for s in ss]),
             "by_seed": {s["seed"]: {k: s.get(k) for k in COMPARED} for s in ss},
             "dirs": [s["_dir"] for s in ss],
+            "_config": (ss[0].get("run") or {}).get("config") or {},
         })
+    for row, legend in zip(rows, legend_labels(rows)):
+        row["legend"] = legend
     return rows
+
+
+def legend_labels(rows: list[dict]) -> list[str]:
+    """A figure legend per row: the method's name (FedALA, FedProx+ALA, ...); where several rows share a method,
+    followed by the config fields that tell them apart (``FedAPA (options.mu=0.3)``), else by the row's label."""
+    from fedblend.config import config_diff
+    from fedblend.figures import method_name
+
+    out = []
+    for row in rows:
+        name = method_name(row["method"])
+        twins = [r for r in rows if r["method"] == row["method"] and r is not row]
+        if twins:
+            ignore = ("seed", "name", "log", "backend", "workers", "store")
+            keys = sorted({d.split(":")[0] for t in twins for d in config_diff(t["_config"], row["_config"], ignore)})
+            flat = _flat(row["_config"])
+            diff = ", ".join(f"{k}={flat.get(k, '-')}" for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+            name += f" ({diff or row['label']})"
+        out.append(name)
+    return out
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
 
 
 def _mean_or_none(values: list) -> float | None:
@@ -155,7 +194,7 @@ def _mean_or_none(values: list) -> float | None:
 COMPARED = ("best_accuracy", "final_accuracy", "global_best_accuracy", "global_final_accuracy")
 COLUMNS = [("label", "run"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"), ("best", "best acc %"),
            ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
-           ("s_per_round", "s/round")]
+           ("worst_client", "worst client %"), ("p10_client", "client p10 %"), ("s_per_round", "s/round")]
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -258,7 +297,23 @@ def compare_text(c: dict) -> str:
                      + f" | {m['mean']:+.2f} | {ci} | {p} |")
     if not c["metrics"]:
         lines.append("(no seed in common)")
+    note = few_seeds_note(len(seeds), c["level"])
+    if note:
+        lines += ["", f"warning: {note}"]
     return "\n".join(lines) + "\n"
+
+
+def few_seeds_note(n: int, level: float = 0.95) -> str | None:
+    """The warning for a paired comparison over fewer than 3 seeds, whose t-interval means little."""
+    if n >= 3:
+        return None
+    if n < 2:
+        return f"{n} paired seed: no interval or p-value; run at least 3 seeds (5 or more for a claim)"
+    from scipy import stats
+
+    t = stats.t.ppf(0.5 + level / 2, n - 1)
+    return (f"only {n} paired seeds: the {round(level * 100)}% interval uses t = {t:.1f} with {n - 1} degree(s) "
+            f"of freedom, so it is very wide and means little; run at least 3 seeds (5 or more for a claim)")
 
 
 def _curves(row: dict, key: str) -> tuple[list[int], np.ndarray] | None:
@@ -278,36 +333,82 @@ def mean_std(vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return vals.mean(0), vals.std(0, ddof=1) if len(vals) > 1 else np.zeros(vals.shape[1:])
 
 
-def plot_curves(rows: list[dict], path: Path, key: str = "acc") -> None:
-    """Accuracy (left) and test loss (right) per round, mean ± std over seeds, one line per row."""
+def ci_halfwidth(vals: np.ndarray, level: float = 0.95) -> np.ndarray:
+    """Half-width of the Student-t confidence interval of the mean over the first axis (0 for a single seed)."""
+    if len(vals) < 2:
+        return np.zeros(vals.shape[1:])
+    from scipy import stats
+
+    return stats.t.ppf(0.5 + level / 2, len(vals) - 1) * vals.std(0, ddof=1) / np.sqrt(len(vals))
+
+
+BANDS = {"std": "band: ± sample std over seeds (ddof = 1)", "ci": "band: 95% t-interval of the mean over seeds"}
+
+
+def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std") -> None:
+    """Write :func:`curves_figure` to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(rows, key, band)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves_figure(rows: list[dict], key: str = "acc", band: str = "std"):
+    """Accuracy (left) and test loss (right) per round, mean over seeds with a band (``"std"``: ± the table's
+    sample std; ``"ci"``: the 95% t-interval of the mean), one line per row, the legend by method, the title
+    stating the setting and the number of seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+
+    from fedblend.figures import common_setting, integer_rounds
 
     loss_key = "global_loss" if key.startswith("global") else "loss"
-    fig, (ax, lx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, lx) = plt.subplots(1, 2, figsize=(11, 4.4))
+    seeds = sorted({r["n"] for r in rows})
     for row in rows:
         for axis, k, scale in ((ax, key, 100.0), (lx, loss_key, 1.0)):
             got = _curves(row, k)
             if got is None or not got[0]:
                 continue
             mean, std = mean_std(got[1] * scale)
-            line, = axis.plot(got[0], mean, label=row["label"], marker="." if len(got[0]) < 30 else None)
-            axis.fill_between(got[0], mean - std, mean + std, alpha=0.2, color=line.get_color())
-    who = "global" if key.startswith("global") else "personalized"
+            half = std if band == "std" else ci_halfwidth(got[1] * scale)
+            label = row["legend"] + (f" (n = {row['n']})" if len(seeds) > 1 else "")
+            line, = axis.plot(got[0], mean, label=label, marker="." if len(got[0]) < 30 else None)
+            lo, hi = mean - half, mean + half  # an accuracy lies in [0, 100] and a loss is >= 0: the band too
+            axis.fill_between(got[0], np.maximum(lo, 0.0), np.minimum(hi, 100.0) if axis is ax else hi, alpha=0.2,
+                              color=line.get_color())
+    who = "global model" if key.startswith("global") else "personalized"
     ax.set_ylabel(f"{who} test accuracy (%)")
     lx.set_ylabel(f"{who} test loss")
     for axis in (ax, lx):
         axis.set_xlabel("round")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_rounds(axis)
         axis.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.suptitle("mean ± std over seeds (ddof = 1)", fontsize=9)
+    ax.legend(fontsize=8)
+    n_text = f"{seeds[0]} seed{'s' if seeds[0] != 1 else ''}" if len(seeds) == 1 else \
+        f"{min(seeds)}-{max(seeds)} seeds (n per method in the legend)"
+    setting = common_setting([r["_config"] for r in rows])
+    warn = f" (only {min(seeds)} seeds: the interval is very wide)" if band == "ci" and min(seeds) == 2 else ""
+    fig.suptitle((f"{setting}: " if setting else "") + f"mean over {n_text}; "
+                 + (BANDS[band] + warn if max(seeds) > 1 else "one seed, no band"), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot_per_client(rows: list[dict], path: Path, key: str = "per_client") -> bool:
+    """``per_client.png``: each method's clients' accuracies at the final round (all seeds pooled); False when no
+    run recorded per-client results."""
+    from fedblend.figures import common_setting, final_client_accuracies, plot_client_distribution
+
+    groups = [(r["legend"], final_client_accuracies(r["dirs"], key), r["n"]) for r in rows]
+    groups = [g for g in groups if g[1]]
+    if not groups:
+        return False
+    plot_client_distribution(groups, path, common_setting([r["_config"] for r in rows]), key)
+    return True
 
 
 def notes(rows: list[dict], pending: list[dict]) -> str:
@@ -328,7 +429,7 @@ def notes(rows: list[dict], pending: list[dict]) -> str:
 
 
 def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bool = True,
-           compare: tuple[str, str] | None = None) -> str:
+           compare: tuple[str, str] | None = None, band: str = "std") -> str:
     runs = find_runs(paths)
     rows, pending = aggregate(runs), unfinished(runs)
     if not rows and not pending:
@@ -338,26 +439,34 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
     if compare:
         cmp = paired_differences(find_group(rows, compare[0]), find_group(rows, compare[1]))
         cmp.update(a_label=cmp["a"], b_label=cmp["b"], a=compare[0], b=compare[1])  # the names as given
+        note = few_seeds_note(len(cmp["seeds"]), cmp["level"])
+        if note:
+            import warnings
+
+            warnings.warn(f"--compare {compare[0]} {compare[1]}: {note}", RuntimeWarning, stacklevel=2)
     text = table + (compare_text(cmp) if cmp else "")
     if out_dir is not None:
         with DirLock(out_dir, "report folder"):
-            _write_report(Path(out_dir), table, rows, pending, cmp, plots)
+            _write_report(Path(out_dir), table, rows, pending, cmp, plots, band)
     return text
 
 
-def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], cmp: dict | None, plots: bool) -> None:
+def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], cmp: dict | None, plots: bool,
+                  band: str = "std") -> None:
     """The report's files in ``out`` (locked by the caller); a run directory is refused (its accuracy.png)."""
     if _is_run(out) or (out / "config.toml").exists() or (out / "checkpoint.pt").exists():
         raise ConfigError(f"report --out {out} is a run directory; write the report to a folder of its own")
     (out / "table.md").write_text(table)
     (out / "table.csv").write_text(csv_table(rows))
     (out / "table.tex").write_text(latex_table(rows))
-    (out / "table.json").write_text(dumps(rows, indent=2))
+    (out / "table.json").write_text(dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+                                          indent=2))
     (out / "unfinished.json").write_text(dumps(pending, indent=2))
     if cmp:
         (out / "compare.json").write_text(dumps(cmp, indent=2))
         (out / "compare.md").write_text(compare_text(cmp))
     if plots and rows:
-        plot_curves(rows, out / "accuracy.png", "acc")
+        plot_curves(rows, out / "accuracy.png", "acc", band)
         if any(r["global_best"] != "-" for r in rows):
-            plot_curves(rows, out / "global_accuracy.png", "global_acc")
+            plot_curves(rows, out / "global_accuracy.png", "global_acc", band)
+        plot_per_client(rows, out / "per_client.png")

@@ -51,7 +51,7 @@ from fedblend.common.rng import SeedTree
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
-from fedblend.core.evaluation import EvalProtocol, summarise
+from fedblend.core.evaluation import EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
@@ -336,6 +336,7 @@ class Simulation:
         sctx = self.sctx(t)
         config = {"split": split or self.protocol.split, "batch_size": self.protocol.batch_size}
         personal, glob = [], []
+        answered: list[int] = []  # the clients behind ``personal`` / ``glob``, in order
         missing = 0
         bad: dict[str, list[int]] = {}  # clients whose model's evaluation loss is NaN / inf, per model
         cids = self.eval_clients(t)
@@ -352,6 +353,7 @@ class Simulation:
                     missing += 1
                     continue
                 m = res.reply.metrics
+                answered.append(job.cid)
                 personal.append((m["correct"], m["loss"], m["n"]))
                 if "global_correct" in m:
                     glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
@@ -368,6 +370,9 @@ class Simulation:
             out["eval_missing"] = missing
         if glob:
             out.update({f"global_{k}": v for k, v in summarise(glob).items()})
+        out["per_client"] = per_client_counts(answered, personal)
+        if glob:
+            out["global_per_client"] = per_client_counts(answered, glob)
         return out
 
     def eval_clients(self, t: int) -> list[int]:

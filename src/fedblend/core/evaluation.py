@@ -71,3 +71,48 @@ def summarise(per_client: Sequence[tuple[int, float, int]]) -> dict:
         "acc_client_mean": float(accs.mean()) if len(accs) else float("nan"),
         "acc_client_std": float(accs.std()) if len(accs) else float("nan"),
     }
+
+
+#: the fields of a metrics row holding per-client results (``per_client``, ``global_per_client`` and their
+#: ``val_`` twins): added after the goldens were recorded, so golden comparisons leave them out
+#: (:func:`fedblend.common.histories.without_per_client`)
+PER_CLIENT_SUFFIX = "per_client"
+
+
+def per_client_counts(cids: Sequence[int], per_client: Sequence[tuple[int, float, int]]) -> dict:
+    """Each evaluated client's result, compactly and exactly: ``{"clients": [id, ...], "correct": [...], "n":
+    [...]}`` (integers; client ``k``'s accuracy is ``correct[k] / n[k]``, undefined where ``n[k] == 0``)."""
+    return {"clients": [int(c) for c in cids], "correct": [int(c) for c, _, _ in per_client],
+            "n": [int(k) for _, _, k in per_client]}
+
+
+def client_accuracies(row: dict, key: str = "per_client") -> dict[int, float]:
+    """``{client: accuracy}`` of a metrics row's per-client field (clients with no test sample left out)."""
+    pc = row.get(key) or {}
+    return {c: k / n for c, k, n in zip(pc.get("clients", ()), pc.get("correct", ()), pc.get("n", ())) if n > 0}
+
+
+def spread(accs: Sequence[float]) -> dict[str, float]:
+    """Fairness numbers over clients' accuracies: worst, 10th percentile (numpy's linear interpolation), std
+    (population, as ``acc_client_std``) and best."""
+    a = np.asarray(list(accs), dtype=float)
+    if not len(a):
+        return {"worst": float("nan"), "p10": float("nan"), "std": float("nan"), "best": float("nan")}
+    return {"worst": float(a.min()), "p10": float(np.percentile(a, 10)), "std": float(a.std()),
+            "best": float(a.max())}
+
+
+def client_spread_summary(evals: Sequence[dict], headline_round: int | None) -> dict[str, float | int]:
+    """summary.json's fairness numbers from the evaluated rows' ``per_client`` counts: worst client, 10th
+    percentile and std of the clients' accuracies at the final evaluated round (``final_acc_client_*``) and at
+    the headline's round (``headline_acc_client_*``, with ``headline_round``). Empty for rows without them."""
+    if not evals or "per_client" not in evals[-1]:
+        return {}
+    final = spread(client_accuracies(evals[-1]).values())
+    out: dict[str, float | int] = {"final_acc_client_worst": final["worst"], "final_acc_client_p10": final["p10"]}
+    row = next((m for m in evals if m.get("round") == headline_round), None)
+    if row is not None and "per_client" in row:
+        head = spread(client_accuracies(row).values())
+        out.update(headline_round=headline_round, headline_acc_client_worst=head["worst"],
+                   headline_acc_client_p10=head["p10"], headline_acc_client_std=head["std"])
+    return out

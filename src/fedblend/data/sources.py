@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedblend.common import plugins
 from fedblend.common.errors import DataError, FedblendError
 from fedblend.data.raw import RawDataset
 from fedblend.data.synthetic import make_synthetic
@@ -363,13 +364,36 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download:
     :class:`~fedblend.common.errors.DataError` naming the dataset and the reason."""
     if name == "synthetic":
         return make_synthetic()
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}")
+    if find_dataset(name) is None:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}, a plug-in's "
+                         f"entry point (group fedblend.datasets) or 'package.module:function'")
     folder = resolve_data_dir(data_dir)
     try:
-        return DATASETS[name](folder, download)
+        raw = DATASETS[name](folder, download)
     except FedblendError:
         raise
     except (OSError, ValueError, EOFError, KeyError, tarfile.TarError, pickle.UnpicklingError) as exc:
         raise DataError(f"cannot read dataset {name!r} from {folder}: {exc}") from exc
+    if not isinstance(raw, RawDataset):
+        raise plugins.PluginError(f"dataset plug-in {name!r} returned a {type(raw).__name__}, not a "
+                                  f"fedblend.data.raw.RawDataset")
+    return raw
+
+
+def find_dataset(name: str) -> Callable[..., RawDataset] | None:
+    """The loader of dataset ``name``: built in, or a plug-in (``fedblend.common.plugins``: an entry point of
+    ``fedblend.datasets`` or ``"package.module:function"``), a callable ``(data_dir: Path, download: bool) ->
+    RawDataset`` registered under ``name``; its optional attribute ``inputs`` (``("image", (channels, side))`` or
+    ``("text", None)``) lets a config check that the model fits before loading. None if there is no such dataset."""
+    if name in DATASETS or name == "synthetic":
+        return DATASETS.get(name, make_synthetic)
+    obj = plugins.find("dataset", name)
+    if obj is None:
+        return None
+    DATASETS[name] = plugins.check_callable("dataset", name, obj, "a callable (data_dir, download) -> RawDataset")
+    inputs = getattr(obj, "inputs", None)
+    if inputs is not None:
+        kind, shape = inputs
+        INPUTS[name] = (str(kind), tuple(shape) if shape is not None else None)
+    return obj
 

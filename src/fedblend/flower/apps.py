@@ -50,6 +50,7 @@ def server_main(grid: Grid, context: Context) -> None:
     from fedblend.flower.backend import FlowerBackend
 
     rc = context.run_config
+    _log_to_stderr()
     cfg = run_config_of(rc)
     out = Path(str(rc["out"]))
     torch.set_num_threads(int(rc.get("threads", 1)))
@@ -61,6 +62,20 @@ def server_main(grid: Grid, context: Context) -> None:
                              force=bool(rc.get("force", False)), backend=backend)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
     print(json.dumps({k: summary.get(k) for k in keys}), flush=True)
+
+
+def _log_to_stderr() -> None:
+    """The ServerApp process's ``fedblend`` log records (nodes joining, faults) on stderr, which Flower streams
+    (``flwr run --stream``) and ``fedblend deploy`` keeps in ``flwr-run.log``."""
+    import logging
+    import sys
+
+    log = logging.getLogger("fedblend")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 _NODES: dict[str, Node] = {}  # per process (a ClientApp process may answer several messages)

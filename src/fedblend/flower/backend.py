@@ -23,7 +23,7 @@ Client states stay on the nodes: the engine's client store holds only each clien
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,7 +54,7 @@ class FlowerBackend:
         self.owner: dict[int, int] = {}  # client id -> node id
         self.known: set[int] = set()  # node ids greeted (accepted or refused)
         self.faults: list[dict] = []  # since the last report
-        self.log = log or (lambda text: print(f"[fedblend.flower] {text}", file=sys.stderr, flush=True))
+        self.log = log or logging.getLogger("fedblend.flower").info  # node changes and faults
 
     # ------------------------------------------------------------------------------------------ nodes
     def start(self, method: Method, run: RunInfo, data: Mapping[int, ClientData], tree: SeedTree) -> None:

@@ -19,6 +19,7 @@ fails, the error says which process failed and quotes the last lines of its log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from fedblend.common.errors import FedblendError
 from fedblend.config import RunConfig
 
 CONNECTION = "fedblend-local"
+log = logging.getLogger("fedblend.deploy")
 
 
 class DeployError(FedblendError):
@@ -190,6 +193,34 @@ class LocalFederation:
             return subprocess.run([_bin("flwr"), *args], stdout=f, stderr=subprocess.STDOUT, env=self.env,
                                   cwd=self.base, timeout=timeout)
 
+    def flwr_following(self, *args: str, timeout: float | None, follow: Path,
+                       on_row: Callable[[dict, Any], None] | None, log: str = "flwr-run") -> subprocess.CompletedProcess:
+        """:meth:`flwr`, calling ``on_row(row, None)`` for every line appended to ``follow`` (a metrics.jsonl
+        the run writes) while it runs."""
+        if on_row is None:
+            return self.flwr(*args, timeout=timeout, log=log)
+        reader = MetricsFollower(follow)
+        with open(self.base / f"{log}.log", "ab") as f:
+            p = subprocess.Popen([_bin("flwr"), *args], stdout=f, stderr=subprocess.STDOUT, env=self.env,
+                                 cwd=self.base)
+            t0 = time.monotonic()
+            try:
+                while p.poll() is None:
+                    if timeout is not None and time.monotonic() - t0 > timeout:
+                        p.kill()
+                        p.wait()
+                        raise subprocess.TimeoutExpired(p.args, timeout)
+                    for row in reader.new_rows():
+                        on_row(row, None)
+                    time.sleep(0.5)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for row in reader.new_rows():
+            on_row(row, None)
+        return subprocess.CompletedProcess(p.args, p.returncode)
+
     def kill(self, name: str) -> None:
         """Stop one process and its children (its process group): SIGTERM, then SIGKILL."""
         p = self.procs.pop(name, None)
@@ -219,6 +250,35 @@ class LocalFederation:
             self.kill(name)
 
 
+class MetricsFollower:
+    """The complete rows appended to a metrics.jsonl since the last call (a resumed run rewrites the file: then it
+    is read from its start again, skipping rounds already seen)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.seen = Path(path), 0, 0
+
+    def new_rows(self) -> list[dict]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:
+            self.offset = 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self.offset += end
+        rows = []
+        for line in data[:end].decode().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "round" in row and not row.get("stopped") and row["round"] > self.seen:
+                    self.seen = row["round"]
+                    rows.append(row)
+        return rows
+
+
 @contextmanager
 def local_federation(base: Path, **kw):
     fed = LocalFederation(Path(base), **kw)
@@ -230,9 +290,11 @@ def local_federation(base: Path, **kw):
 
 def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Path | None = None,
                  timeout: float = 600.0, min_clients: int = 1, threads: int = 1, resume: bool = False,
-                 force: bool = False, run_timeout: float | None = None) -> dict:
+                 force: bool = False, run_timeout: float | None = None,
+                 progress: Callable[[dict, Any], None] | None = None) -> dict:
     """``fedblend deploy``: run ``cfg`` on a loopback Flower federation of ``nodes`` SuperNodes; returns the
-    run's summary.json."""
+    run's summary.json. ``progress(row, None)`` hears every metrics row as the ServerApp writes it to
+    ``OUT/metrics.jsonl`` (the command's round display)."""
     from fedblend.experiment import check_out_dir
     from fedblend.rundir import DirLock, RunLockedError, locked_by
 
@@ -248,18 +310,22 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     work = out.parent / f".{out.name}.flower"
     with DirLock(work, "deploy work folder"):
         return _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
-                              run_timeout)
+                              run_timeout, progress)
 
 
 def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, timeout: float, min_clients: int,
-                   threads: int, resume: bool, force: bool, run_timeout: float | None) -> dict:
+                   threads: int, resume: bool, force: bool, run_timeout: float | None,
+                   progress: Callable[[dict, Any], None] | None = None) -> dict:
     shutil.rmtree(work / "flwr-home", ignore_errors=True)
     app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force)
     with local_federation(work) as fed:
         fed.start_superlink()
+        log.info("SuperLink on 127.0.0.1:%d; starting %d SuperNode(s); logs in %s", fed.port, nodes, work)
         for k in range(nodes):
             fed.start_supernode(k, f"partition-id={k} num-partitions={nodes} state-dir=\"{work / f'node-{k}'}\"")
-        res = fed.flwr("run", str(app), CONNECTION, "--stream", timeout=run_timeout)
+        log.info("submitting the app (%s, %d rounds); results in %s", cfg.label, cfg.rounds, out)
+        res = fed.flwr_following("run", str(app), CONNECTION, "--stream", timeout=run_timeout,
+                                 follow=out / "metrics.jsonl", on_row=progress)
         failed = fed.failed()  # before the processes are stopped
     summary_path = out / "summary.json"
     summary = _read_summary(summary_path)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedblend.common import plugins
 from fedblend.common.params import Params, layer_of
 
 
@@ -223,13 +224,30 @@ def init_params(model: nn.Module, generator: torch.Generator) -> None:
 
 def build_model(name: str, info: dict, generator: torch.Generator | None = None) -> FedModel:
     """Build model ``name`` for a dataset described by ``info`` (see ``FederatedData.info``)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    if find_model(name) is None:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}, a plug-in's entry point (group "
+                         f"fedblend.models) or 'package.module:Class'")
     with torch.random.fork_rng(devices=[]):  # module constructors draw from the global RNG: keep it untouched
         model = MODELS[name](info)
+    if not isinstance(model, FedModel):
+        raise plugins.PluginError(f"model plug-in {name!r} built a {type(model).__name__}, not a "
+                                  f"fedblend.models.zoo.FedModel (layers, head_layers, features(), head())")
     if generator is not None:
         init_params(model, generator)
     return model
+
+
+def find_model(name: str) -> Callable[[dict], FedModel] | None:
+    """The builder of model ``name``: built in, or a plug-in (``fedblend.common.plugins``: an entry point of
+    ``fedblend.models`` or ``"package.module:Class"``), a callable ``(info) -> FedModel`` (a ``FedModel`` subclass
+    taking the dataset's ``info`` dict is one) registered under ``name``. None if there is no such model."""
+    if name in MODELS:
+        return MODELS[name]
+    obj = plugins.find("model", name)
+    if obj is None:
+        return None
+    MODELS[name] = plugins.check_callable("model", name, obj, "a callable (info) -> FedModel")
+    return MODELS[name]
 
 
 def model_params(model: nn.Module) -> Params:

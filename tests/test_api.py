@@ -1,0 +1,117 @@
+"""The notebook / Python API (``fedblend.run``): configs as dicts, dotted keys, dataclasses and TOML; the same
+validation and messages as the command line; the returned history and per-client results; progress in a
+notebook; the notebook-style example script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fedblend
+from fedblend.api import PartitionSpec, RunConfig, TrainConfig, load, make_progress, open_run
+from fedblend.cli.main import main
+from fedblend.common.errors import ConfigError, RunExistsError
+from fedblend.testing import without_timings
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"dataset": "synthetic", "model": "mlp", "rounds": 3, "partition": {"num_clients": 4, "min_samples": 5},
+        "train": {"lr": 0.05}, "log": {"plot": False}}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_dict_dotted_keys_dataclass_and_toml_give_the_same_config(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('dataset = "synthetic"\nmodel = "mlp"\nrounds = 3\n[partition]\nnum_clients = 4\nmin_samples = 5\n'
+                    '[train]\nlr = 0.05\n[log]\nplot = false\n')
+    dotted = {"dataset": "synthetic", "model": "mlp", "rounds": 3, "partition.num_clients": 4,
+              "partition.min_samples": 5, "train.lr": 0.05, "log.plot": False}
+    dc = RunConfig(dataset="synthetic", model="mlp", rounds=3, partition=PartitionSpec(num_clients=4, min_samples=5),
+                   train=TrainConfig(lr=0.05))
+    want = load(toml).resolved()
+    assert load(TINY).resolved() == want and load(dotted).resolved() == want
+    assert {**load(dc).resolved(), "log": want["log"]} == want
+    assert load(toml, {"rounds": 5}).rounds == 5 and load(toml, ["rounds=6"]).rounds == 6
+    assert load(TINY, {"train.lr": 0.1}).train.lr == 0.1 and load(TINY, {"train": {"epochs": 2}}).train.lr == 0.05
+
+
+@pytest.mark.parametrize("bad,flag", [({"train": {"lrr": 0.1}}, "train.lrr=0.1"),
+                                      ({"rounds": 0}, "rounds=0"),
+                                      ({"method": "nosuch"}, "method='nosuch'")])
+def test_a_bad_config_raises_the_message_the_cli_prints(bad, flag, capsys):
+    with pytest.raises(ConfigError) as exc:
+        fedblend.run({**TINY, **bad})
+    assert main(["run", "--set", flag, "--dry-run"]) == 2
+    assert capsys.readouterr().err == f"fedblend: error: {exc.value}\n"
+
+
+def test_run_returns_summary_history_and_per_client_results_as_the_cli_writes_them(tmp_path):
+    res = fedblend.run({**TINY, "method": "fedala"}, out=tmp_path / "api")
+    assert main(["run", "--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "rounds=3", "--set",
+                 "partition.num_clients=4", "--set", "partition.min_samples=5", "--set", "train.lr=0.05",
+                 "--set", "method='fedala'", "--set", "log.plot=false", "--out", str(tmp_path / "cli"),
+                 "--quiet"]) == 0
+    cli = [json.loads(x) for x in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
+    assert without_timings(res.history) == without_timings(cli)  # same numbers (both at one thread)
+    assert res.summary == json.loads((tmp_path / "api" / "summary.json").read_text())
+    assert len(res.history) == 3 and res.evaluated[-1]["round"] == 3
+    final = res.client_accuracies()
+    pc = res.history[-1]["per_client"]
+    assert final == {c: k / n for c, k, n in zip(pc["clients"], pc["correct"], pc["n"])} and len(final) == 4
+    rows = res.per_client()
+    assert len(rows) == 3 * 4 and rows[0] == {"round": 1, "client": 0, "correct": res.history[0]["per_client"]
+                                              ["correct"][0], "n": res.history[0]["per_client"]["n"][0],
+                                              "accuracy": rows[0]["correct"] / rows[0]["n"], "model": "personalized"}
+    assert len(res.per_client("global")) == 12 and res.client_accuracies(2, "global")
+    again = open_run(tmp_path / "api")
+    assert again.history == res.history and again.config.resolved() == res.config.resolved()
+    with pytest.raises(RunExistsError):
+        fedblend.run(TINY, out=tmp_path / "api")
+
+
+def test_run_uses_one_thread_and_restores_the_callers_setting(tmp_path):
+    import torch
+
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fedblend.run(TINY, out=tmp_path / "a", progress=lambda m, sim: seen.append(torch.get_num_threads()))
+        assert seen == [1, 1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_progress_is_on_by_default_in_a_notebook(monkeypatch, tmp_path):
+    import types
+
+    from fedblend.api import NotebookProgress
+
+    assert make_progress("auto", 3, "x") is None  # not a terminal, not a notebook (pytest captures stderr)
+    shell = type("ZMQInteractiveShell", (), {})()
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    bars = make_progress("auto", 3, "x")
+    assert isinstance(bars, NotebookProgress)
+    bars.close()
+    res = fedblend.run(TINY, out=tmp_path / "nb")  # the default shows bars here, and changes no number
+    plain = fedblend.run(TINY, out=tmp_path / "plain", progress=False)
+    assert without_timings(res.history) == without_timings(plain.history)
+    with pytest.raises(ConfigError, match="progress must be"):
+        make_progress("loud", 3, "x")
+
+
+def test_notebook_example_builds_a_dict_runs_it_and_plots_per_client_accuracies(tmp_path):
+    out = tmp_path / "nb"
+    env = {**os.environ, "FEDBLEND_EXAMPLE_QUICK": "1", "FEDBLEND_EXAMPLE_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, str(REPO / "examples" / "notebook.py")], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "per_client_accuracy.png").stat().st_size > 10_000
+    assert (out / "accuracy.png").exists() and "RunResult('fedala'" in res.stdout

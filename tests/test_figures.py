@@ -1,0 +1,165 @@
+"""Per-client results and figures a paper can use: every evaluation records each client's counts, the summary
+the clients' spread; a run's plot is titled by method and setting; report curves have a legend by method, the
+number of seeds and the band's meaning in the title, integer round ticks; ``per_client.png``; ``--compare`` with
+fewer than 3 seeds warns; ``scripts/ala_weights.py`` on a short run has no blank panel and integer ticks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedblend.config import load_config
+from fedblend.experiment import run_experiment
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'fedblend[plot]')")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["dataset='synthetic'", "model='mlp'", "rounds=3", "partition.num_clients=5", "partition.min_samples=5",
+        "train.lr=0.05", "log.plot=false", "checkpoint_every=1"]
+
+
+def _run(tmp: Path, name: str, *extra: str) -> Path:
+    run_experiment(load_config(None, [*TINY, *extra]), tmp / name)
+    return tmp / name
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_every_evaluation_records_each_clients_counts_and_the_summary_their_spread(tmp_path):
+    run = _run(tmp_path, "r", "method='fedala'", "eval.clients=4")
+    rows = _rows(run)
+    for r in rows:
+        pc = r["per_client"]
+        assert len(pc["clients"]) == 4 and pc["clients"] == sorted(pc["clients"])  # the evaluated subset
+        assert r["acc"] == sum(pc["correct"]) / sum(pc["n"]) and all(isinstance(c, int) for c in pc["correct"])
+        assert r["global_acc"] == sum(r["global_per_client"]["correct"]) / sum(r["global_per_client"]["n"])
+    s = json.loads((run / "summary.json").read_text())
+    accs = np.array([c / n for c, n in zip(rows[-1]["per_client"]["correct"], rows[-1]["per_client"]["n"])])
+    assert s["final_acc_client_worst"] == accs.min() and s["final_acc_client_p10"] == np.percentile(accs, 10)
+    assert s["headline_round"] == s["best_round"]
+    head = next(r for r in rows if r["round"] == s["best_round"])["per_client"]
+    assert s["headline_acc_client_std"] == pytest.approx(np.std([c / n for c, n in zip(head["correct"], head["n"])]))
+    assert "per_client" not in (run / "metrics.csv").read_text().splitlines()[0]  # the CSV keeps scalars only
+
+
+def test_run_plot_is_titled_by_method_and_setting(tmp_path):
+    from fedblend.figures import run_figure
+
+    run = _run(tmp_path, "seed0", "method='fedprox+ala'", "partition.alpha=0.3", "seed=4")
+    fig = run_figure(run)
+    ax = fig.axes[0]
+    assert ax.get_title() == "FedProx+ALA\nsynthetic, Dir(0.3), 5 clients, MLP, seed 4"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["personalized (pooled)", "clients: 10th-90th percentile", "worst client",
+                      "global model (pooled)"]
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def _fake_sweep(root: Path) -> None:
+    """Two FedAPA configs differing in options.mu (3 seeds each) and FedALA with 2 seeds, under file-like labels."""
+    for label, method, mu, seeds in (("t1-fmnist-dir-fedapa", "fedapa", 0.5, (0, 1, 2)),
+                                     ("t1-fmnist-dir-fedapa-mu0.3", "fedapa", 0.3, (0, 1, 2)),
+                                     ("t1-fmnist-dir-fedala", "fedala", None, (0, 1))):
+        for seed in seeds:
+            d = root / label / f"seed{seed}"
+            d.mkdir(parents=True)
+            cfg = {"method": method, "dataset": "fmnist", "model": "lenet5", "seed": seed, "name": label,
+                   "partition": {"kind": "dirichlet", "alpha": 0.1, "num_clients": 20},
+                   "sampling": {"scheme": "fixed", "join_ratio": 1.0}, "options": {"mu": mu} if mu else {}}
+            rows = [{"round": r, "acc": 0.5 + 0.1 * r + 0.01 * seed, "loss": 1.0 / r,
+                     "per_client": {"clients": [0, 1, 2], "correct": [r, 2 * r, 3], "n": [10, 10, 10]}}
+                    for r in (1, 2, 3)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+            (d / "summary.json").write_text(json.dumps({
+                "status": "finished", "label": label, "method": method, "seed": seed, "rounds": 3,
+                "best_accuracy": rows[-1]["acc"], "final_accuracy": rows[-1]["acc"], "seconds_per_round": 1.0,
+                "final_acc_client_worst": 0.3, "final_acc_client_p10": 0.3, "run": {"config": cfg}}))
+
+
+def test_report_curves_legend_by_method_with_seeds_setting_and_band_stated(tmp_path):
+    from fedblend.cli.report import aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    rows = aggregate(find_runs([tmp_path / "runs"]))
+    for band, text in (("std", "band: ± sample std over seeds (ddof = 1)"),
+                       ("ci", "band: 95% t-interval of the mean over seeds (only 2 seeds: the interval is very wide)")):
+        fig = curves_figure(rows, "acc", band)
+        legend = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+        assert legend == ["FedALA (n = 2)", "FedAPA (options.mu=0.3) (n = 3)", "FedAPA (options.mu=0.5) (n = 3)"]
+        title = fig._suptitle.get_text()
+        assert title.startswith("FMNIST, Dir(0.1), 20 clients, LeNet-5: mean over 2-3 seeds") and text in title, title
+        for ax in fig.axes:
+            assert ax.get_xlabel() == "round" and all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_report_writes_the_per_client_distribution_and_fairness_columns(tmp_path):
+    from fedblend.cli.report import report
+
+    _fake_sweep(tmp_path / "runs")
+    table = report([tmp_path / "runs"], tmp_path / "rep", plots=True)
+    assert "| worst client % | client p10 % |" in table and "30.00 ± 0.00" in table
+    assert (tmp_path / "rep" / "per_client.png").stat().st_size > 5000
+    from fedblend.figures import final_client_accuracies
+
+    assert final_client_accuracies([tmp_path / "runs" / "t1-fmnist-dir-fedala" / "seed0"]) == [0.3, 0.6, 0.3]
+
+
+def test_compare_with_fewer_than_three_seeds_warns_that_the_interval_means_little(tmp_path, capsys):
+    from fedblend.cli.main import main
+
+    _fake_sweep(tmp_path / "runs")
+    assert main(["report", str(tmp_path / "runs"), "--no-plots", "--compare", "fedala",
+                 "t1-fmnist-dir-fedapa-mu0.3"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: only 2 paired seeds: the 95% interval uses t = 12.7 with 1 degree(s) of freedom" in out
+    assert err.startswith("fedblend: warning: --compare fedala t1-fmnist-dir-fedapa-mu0.3: only 2 paired seeds")
+    assert main(["report", str(tmp_path / "runs"), "--no-plots", "--compare", "t1-fmnist-dir-fedapa-mu0.3",
+                 "t1-fmnist-dir-fedapa@" + _hash(tmp_path, "t1-fmnist-dir-fedapa")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in out + err  # three paired seeds
+
+
+def _hash(tmp: Path, label: str) -> str:
+    from fedblend.cli.report import aggregate, find_runs
+
+    return next(r["config_hash"] for r in aggregate(find_runs([tmp / "runs"])) if r["label"] == label)
+
+
+def test_ala_weights_script_on_a_short_run_has_no_blank_panel_and_integer_ticks(tmp_path):
+    """Two rounds of FedALA: every panel draws something or says why it cannot, every round axis has whole-number
+    ticks over the same rounds."""
+    run = _run(tmp_path, "ala", "method='fedala'", "rounds=2")
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"""
+import json, runpy, sys
+import matplotlib
+matplotlib.use("Agg")
+from matplotlib.figure import Figure
+seen = []
+Figure.savefig = lambda self, *a, **k: seen.append(self)
+sys.argv = ["ala_weights.py", {str(run)!r}]
+try:
+    runpy.run_path({str(REPO / "scripts" / "ala_weights.py")!r}, run_name="__main__")
+except SystemExit:
+    pass
+out = []
+for ax in seen[0].axes:
+    out.append({{"xlabel": ax.get_xlabel(), "xticks": [float(t) for t in ax.get_xticks()], "xlim": list(ax.get_xlim()),
+                "drawn": len(ax.lines) + len(ax.patches) + len(ax.collections) + len(ax.texts)}})
+print(json.dumps(out))
+""")
+    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    axes = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(axes) == 4 and all(a["drawn"] > 0 for a in axes), axes
+    rounds = [a for a in axes if a["xlabel"] == "round"]
+    assert len(rounds) == 3 and all(a["xlim"] == [0.5, 2.5] for a in rounds)
+    assert all(float(t).is_integer() for a in rounds for t in a["xticks"])
