@@ -25,8 +25,8 @@ class Leaky(FedAvg):
 
     name = "leaky-test"
 
-    def reply(self, params, cstate, ctx):
-        msg = super().reply(params, cstate, ctx)
+    def reply(self, res, msg, cstate, ctx):
+        msg = super().reply(res, msg, cstate, ctx)
         return Message({"params": {**msg.params(), "secret": torch.zeros(1)}}, msg.metrics)
 
 

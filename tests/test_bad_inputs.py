@@ -73,7 +73,7 @@ TABLE_CASES = [
     ("checkpoint_every=-1", "checkpoint_every must be [0, 1000000], got -1"),
     ("workers=0", "workers must be [1, 1024], got 0"),
     ("on_nonfinite=ignore", "on_nonfinite must be one of ['stop', 'skip'], got 'ignore'"),
-    ("train.lrr=0.1", "unknown field train.lrr; allowed: batch_size, epochs, lr"),
+    ("train.lrr=0.1", "unknown field train.lrr; allowed: batch_size, drop_last, epochs, lr"),
     ("colour=red", "unknown field 'colour'"),
 ]
 

@@ -12,7 +12,7 @@ from fedblend.config import ConfigError, config_from_dict, load_config
     ({"model": "vgg"}, r"model must be one of \[.*'lenet5'"),
     ({"rounds": 0}, r"rounds must be \[1, 1000000\]"),
     ({"rounds": "ten"}, "rounds must be an integer"),
-    ({"train": {"lrr": 0.1}}, r"unknown field train.lrr; allowed: batch_size, epochs, lr"),
+    ({"train": {"lrr": 0.1}}, r"unknown field train.lrr; allowed: batch_size, drop_last, epochs, lr"),
     ({"train": {"lr": "fast"}}, r"train.lr must be a number, got 'fast'"),
     ({"train": {"optimizer_state": "forever"}}, r"train.optimizer_state must be one of \['reset', 'keep'\]"),
     ({"partition": {"kind": "voronoi"}}, r"partition.kind must be one of \['iid', 'dirichlet'"),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedblend.common.errors import ConfigError, UserFileError
-from fedblend.common.jsonio import read_jsonl
+from fedblend.common.jsonio import read_json_object, read_jsonl
 
 TB_DIR = "tensorboard"
 
@@ -293,7 +293,7 @@ def export_run(fmt: str, run_dir: str | Path, out: str | Path | None = None) -> 
         return str(export_tensorboard(run, out))
     identity = {}
     if (run / "summary.json").exists():
-        s = json.loads((run / "summary.json").read_text())
+        s = read_json_object(run / "summary.json", "the run's summary.json is written at its end: finish the run")
         identity = {"config": (s.get("run") or {}).get("config") or {}, "config_hash": s.get("config_hash")}
     if fmt == "mlflow":
         base = Path(out) if out else run
@@ -316,9 +316,10 @@ def export_run(fmt: str, run_dir: str | Path, out: str | Path | None = None) -> 
 
 def _rows(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{run}: no metrics.jsonl (not a run directory)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not path.is_file():
+        raise UserFileError(f"{run}: no metrics.jsonl (not a run directory); give the directory of a run")
+    return read_jsonl(path, f"continue the run (fedblend run {run / 'config.toml'} --out {run} --resume rewrites "
+                            f"metrics.jsonl from its checkpoint), or delete the damaged line")
 
 
 def export_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> Path:
