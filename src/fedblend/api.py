@@ -211,13 +211,9 @@ class NotebookProgress:
         self.clients = tqdm(total=0, desc="clients", unit="client", leave=False)
 
     def on_client(self, kind: str, n: int) -> None:
-        if self.clients is None:
-            return
-        if kind == "done":
-            self.clients.update(1)
-        else:
-            self.clients.reset(total=n)
-            self.clients.set_description_str(f"{kind} clients", refresh=False)
+        from fedblend.experiment import Progress
+
+        Progress.on_client(self, kind, n)  # the terminal display's client bar, on this object's tqdm.auto bars
 
     def __call__(self, m: dict, sim) -> None:
         if self.rounds is None:
