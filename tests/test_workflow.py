@@ -264,6 +264,23 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert snapshot(tmp_path) == before and capsys.readouterr().out.count("start") == 2
 
 
+def test_dry_run_estimate_counts_evaluation(tmp_path):
+    """The run estimate is training per round x rounds plus one evaluation of all clients per evaluating round
+    (every ``eval.every`` and the last)."""
+    import dataclasses
+
+    from fedblend.experiment import dry_run
+
+    base = load_config(_config(tmp_path))
+    for rounds, every, evaluations in ((4, 1, 4), (5, 2, 3), (6, 3, 2)):
+        cfg = dataclasses.replace(base, rounds=rounds, eval=dataclasses.replace(base.eval, every=every))
+        d = dry_run(cfg)
+        assert d["evaluations"] == evaluations
+        assert d["seconds_one_client_eval"] > 0 and d["seconds_per_evaluation_estimate"] > 0
+        assert d["seconds_run_estimate"] == pytest.approx(
+            d["seconds_per_round_estimate"] * rounds + d["seconds_per_evaluation_estimate"] * evaluations)
+
+
 def test_small_commands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

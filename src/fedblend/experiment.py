@@ -303,8 +303,10 @@ def dry_run(cfg: RunConfig, data_dir: str | Path | None = None, time_client: boo
     against the dataset, the data and the partition drawn, the method's server half; then the parameter
     count, the bytes of one round (the first phase's messages to the clients of round 1, and, with
     ``time_client``, one client's reply) and an estimate of the run's time from one client's local training
-    (scaled by training samples to the expected clients per round; evaluation not counted)."""
-    from fedblend.core.client import ClientJob
+    (scaled by training samples to the expected clients per round) plus the evaluations from the same client's
+    evaluation after that training (scaled by test samples to the clients evaluated, times the rounds that
+    evaluate: every ``eval.every`` and the last, twice where ``eval.select = "val"``)."""
+    from fedblend.core.client import EVALUATE, ClientJob
     from fedblend.core.sampling import sample_clients
 
     cfg = check_config(cfg)
@@ -333,12 +335,25 @@ def dry_run(cfg: RunConfig, data_dir: str | Path | None = None, time_client: boo
             t0 = time.perf_counter()
             res = sim._run_jobs([ClientJob(phase, cid, 0, msgs[cid], None)])[0]
             secs = time.perf_counter() - t0
+            emsg = sim.method.configure_evaluate(sim.server, cid, sctx)
+            emsg.config.update({"split": sim.protocol.split, "batch_size": sim.protocol.batch_size})
+            t0 = time.perf_counter()
+            sim._run_jobs([ClientJob(EVALUATE, cid, 0, emsg, res.state)])
+            eval_secs = time.perf_counter() - t0
         mean_train = sum(fed.clients[c].num_train for c in selected) / len(selected)
         per_client = secs * mean_train / max(1, fed.clients[cid].num_train)
+        per_round = per_client * expected * len(sim.method.phases(sctx))
+        eval_cids = sim.eval_clients(0)
+        n_eval = [int(getattr(fed.clients[c], f"{sim.protocol.split}_y").shape[0]) for c in (cid, *eval_cids)]
+        per_eval = eval_secs * sum(n_eval[1:]) / max(1, n_eval[0])
+        every = max(1, cfg.eval.every)
+        evaluations = cfg.rounds // every + (cfg.rounds % every != 0)
+        evaluations *= 2 if cfg.eval.select == "val" else 1
         out.update(bytes_up_client=res.reply.num_bytes, bytes_up_round1_estimate=res.reply.num_bytes * len(selected),
-                   seconds_one_client=secs,
-                   seconds_per_round_estimate=per_client * expected * len(sim.method.phases(sctx)),
-                   seconds_run_estimate=per_client * expected * len(sim.method.phases(sctx)) * cfg.rounds)
+                   seconds_one_client=secs, seconds_one_client_eval=eval_secs,
+                   seconds_per_round_estimate=per_round, seconds_per_evaluation_estimate=per_eval,
+                   evaluations=evaluations,
+                   seconds_run_estimate=per_round * cfg.rounds + per_eval * evaluations)
     return out
 
 

@@ -572,8 +572,11 @@ def _dry_run_text(d: dict) -> str:
     if "seconds_one_client" in d:
         lines += [f"  bytes up round 1 (estimated from one client): {d['bytes_up_round1_estimate']:,}",
                   f"  one client's local training: {d['seconds_one_client']:.2f}s; estimated "
-                  f"{d['seconds_per_round_estimate']:.1f}s per round of training, "
-                  f"{d['seconds_run_estimate'] / 60:.1f} min for the run (evaluation not counted)"]
+                  f"{d['seconds_per_round_estimate']:.1f}s per round of training",
+                  f"  one client's evaluation: {d['seconds_one_client_eval']:.2f}s; estimated "
+                  f"{d['seconds_per_evaluation_estimate']:.1f}s per evaluation of all clients, "
+                  f"{d['evaluations']} evaluations",
+                  f"  estimated {d['seconds_run_estimate'] / 60:.1f} min for the run (training and evaluation)"]
     return "\n".join(lines)
 
 
