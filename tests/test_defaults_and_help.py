@@ -32,25 +32,37 @@ def test_run_uses_one_thread_by_default_like_sweep(tmp_path):
         torch.set_num_threads(before)
 
 
-def test_option_help_is_whole_sentences_from_metadata_or_the_source(capsys):
+def test_option_help_is_whole_sentences_from_field_metadata(capsys):
     assert main(["methods", "ala"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    # the comment of ALA's eval option spans two source lines: both are shown
+    # ALA's eval option has a long help: shown whole, wrapped, never cut
     assert '"stored" = Eq. 4 with the stored W (no learning), "trained" = the method\'s own (model after local ' \
            'training)' in text
     from dataclasses import dataclass, field
 
     from fedblend.cli.main import field_help
+    from fedblend.common.options import opt
 
     @dataclass(frozen=True)
     class Opts:
-        #: documented above
-        a: int = 1
+        a: int = opt(1, "from opt")
         b: float = field(default=0.5, metadata={"help": "from metadata"})  # not this comment
-        c: str = "x"  # beside, and
-        #             continued
+        c: str = "x"  # a source comment is not help
 
-    assert field_help(Opts) == {"a": "documented above", "b": "from metadata", "c": "beside, and continued"}
+    assert field_help(Opts) == {"a": "from opt", "b": "from metadata"}
+    assert Opts().a == 1 and Opts(a=3).a == 3
+
+
+def test_every_builtin_option_has_help_metadata():
+    """Every option of every registered method and transform documents itself (what `fedblend methods NAME`
+    prints and docs/config.md lists): a new option without help fails here."""
+    import dataclasses
+
+    from fedblend.algorithms.registry import METHODS, TRANSFORMS
+
+    missing = [f"{name}.{f.name}" for reg in (METHODS, TRANSFORMS) for name, cls in reg.items()
+               for f in dataclasses.fields(cls.options_cls) if not str(f.metadata.get("help", "")).strip()]
+    assert missing == []
 
 
 def test_configs_descriptions_name_method_and_setting_and_differ(capsys):

@@ -46,6 +46,7 @@ from torch.func import functional_call
 from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_transform
 from fedblend.common.errors import ConfigError
+from fedblend.common.options import opt
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
 from fedblend.models.zoo import FedModel
@@ -60,19 +61,22 @@ class ALAOptions:
     RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": "[1, 1000]", "threshold": ">= 0", "window": "[1, 100000]",
                               "cap": "[1, 1000000]", "batch_size": "[1, 1000000]"}
 
-    eta: float = 1.0  # learning rate of the weight learning (paper: 1.0)
-    s: float = 80.0  # percent of the client's training data used for weight learning each round (paper: 80)
-    p: int = 1  # range of ALA in layers from the output (paper: 1 = output layer; code layer_idx = 2 * p)
-    threshold: float = 0.01  # initial stage: stop when std of the last `window` losses < threshold (README 0.01)
-    window: int = 10  # number of recorded epoch losses the std is taken over (code: 10)
-    cap: int = 100  # most weight-learning epochs in the initial stage (the code has none; a warning when hit)
-    sample: str = "random"  # "random": a random s% subset (paper); "window": contiguous s% at a random offset (code)
-    batch_size: int | None = None  # mini-batch size of the weight learning; None = the client's training batch size
-    record: str = "last"  # loss recorded per epoch for the stop rule: "last" batch's (code) or the epoch "mean"
-    eval: str = "ala"  # evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4
-    #                    with the stored W (no learning), "trained" = the method's own (model after local training)
-    eval_stream: str = "train"  # eval = "ala": learn W from the next round's training stream (the blend the
-    #                    client then trains from; learned once) or from this round's "eval" stream (earlier runs)
+    eta: float = opt(1.0, "learning rate of the weight learning (paper: 1.0)")
+    s: float = opt(80.0, "percent of the client's training data used for weight learning each round (paper: 80)")
+    p: int = opt(1, "range of ALA in layers from the output (paper: 1 = output layer; code layer_idx = 2 * p)")
+    threshold: float = opt(0.01, "initial stage: stop when std of the last `window` losses < threshold (README 0.01)")
+    window: int = opt(10, "number of recorded epoch losses the std is taken over (code: 10)")
+    cap: int = opt(100, "most weight-learning epochs in the initial stage (the code has none; a warning when hit)")
+    sample: str = opt("random", '"random": a random s% subset (paper); "window": contiguous s% at a random offset '
+                                "(code)")
+    batch_size: int | None = opt(None, "mini-batch size of the weight learning; None = the client's training batch "
+                                       "size")
+    record: str = opt("last", "loss recorded per epoch for the stop rule: \"last\" batch's (code) or the epoch \"mean\"")
+    eval: str = opt("ala", 'evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4 '
+                           "with the stored W (no learning), \"trained\" = the method's own (model after local training)")
+    eval_stream: str = opt("train", "eval = \"ala\": learn W from the next round's training stream (the blend the client"
+                                    " then trains from; learned once) or from this round's \"eval\" stream (earlier "
+                                    "runs)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -42,6 +42,7 @@ from torch.func import functional_call
 
 from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, flatten, unflatten
 from fedblend.core.method import ClientCtx, Message, Method, State
 from fedblend.core.training import LossTerm, TrainResult
@@ -53,9 +54,9 @@ ALPHA = "apfl_alpha"
 @dataclass(frozen=True)
 class APFLOptions:
     RANGES: ClassVar[dict] = {"alpha": "[0, 1]"}
-    alpha: float = 0.5  # initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)
-    adaptive: bool = True  # learn alpha_i by Eq. 10 (False: alpha stays at its initial value)
-    clip: bool = True  # project alpha_i to [0, 1] after each round's local training (authors' code: per step)
+    alpha: float = opt(0.5, "initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)")
+    adaptive: bool = opt(True, "learn alpha_i by Eq. 10 (False: alpha stays at its initial value)")
+    clip: bool = opt(True, "project alpha_i to [0, 1] after each round's local training (authors' code: per step)")
 
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:

@@ -42,6 +42,7 @@ from torch.func import functional_call
 
 from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, stack_copies, with_rows
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 from fedblend.core.training import TrainResult, batches
@@ -54,11 +55,11 @@ class APPLEOptions:
     CHOICES: ClassVar[dict] = {"schedule": ("cos", "linear")}
     RANGES: ClassVar[dict] = {"dr_lr": ">= 0", "mu": ">= 0", "L": "[0, 1]", "core_lr_scale": "> 0"}
 
-    dr_lr: float = 0.01  # eta2: learning rate of the DR vector
-    mu: float = 0.1  # weight of the proximal prior term
-    L: float = 0.2  # the prior's coefficient decays to 0 over the first L x rounds
-    schedule: str = "cos"  # loss scheduler of lambda(t): "cos" (FedALA's setting) or "linear"
-    core_lr_scale: float | None = None  # core lr = train.lr * this; None: the number of clients (PFLlib)
+    dr_lr: float = opt(0.01, "eta2: learning rate of the DR vector")
+    mu: float = opt(0.1, "weight of the proximal prior term")
+    L: float = opt(0.2, "the prior's coefficient decays to 0 over the first L x rounds")
+    schedule: str = opt("cos", "loss scheduler of lambda(t): \"cos\" (FedALA's setting) or \"linear\"")
+    core_lr_scale: float | None = opt(None, "core lr = train.lr * this; None: the number of clients (PFLlib)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

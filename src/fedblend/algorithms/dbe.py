@@ -39,6 +39,7 @@ import torch
 
 from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 from fedblend.core.training import Batch, LossTerm, TrainResult
@@ -54,9 +55,9 @@ class DBEOptions:
     CHOICES: ClassVar[dict] = {"global_mean": ("first", "every")}
     RANGES: ClassVar[dict] = {"kappa": ">= 0"}
 
-    kappa: float = 50.0  # weight of the mean regularisation (MR)
-    prbm: bool = True  # the personalized representation bias (False: no bias, MR alone)
-    global_mean: str = "first"  # "first": fixed after the first round (init period); "every": refreshed each round
+    kappa: float = opt(50.0, "weight of the mean regularisation (MR)")
+    prbm: bool = opt(True, "the personalized representation bias (False: no bias, MR alone)")
+    global_mean: str = opt("first", '"first": fixed after the first round (init period); "every": refreshed each round')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

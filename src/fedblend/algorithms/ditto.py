@@ -36,6 +36,7 @@ from typing import ClassVar
 
 from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, Message, Method, State
 from fedblend.core.training import TrainSpec, merge_momentum
@@ -45,8 +46,8 @@ from fedblend.core.training import TrainSpec, merge_momentum
 class DittoOptions:
     # personal_epochs = 0 would never train v_k, the model Ditto evaluates: refused, not run as if fine
     RANGES: ClassVar[dict] = {"lam": ">= 0", "personal_epochs": "[1, 10000]"}
-    lam: float = 0.1  # lambda of Eq. 2: pull of v_k toward the global model (paper: tuned per dataset)
-    personal_epochs: int | None = None  # epochs of the v_k update per round (None: [train] epochs)
+    lam: float = opt(0.1, "lambda of Eq. 2: pull of v_k toward the global model (paper: tuned per dataset)")
+    personal_epochs: int | None = opt(None, "epochs of the v_k update per round (None: [train] epochs)")
 
 
 @register_method

@@ -40,6 +40,7 @@ import torch
 from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, stack_copies, with_rows
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 from fedblend.core.training import LossTerm
@@ -52,10 +53,10 @@ class FedAMPOptions:
     CHOICES: ClassVar[dict] = {"start": ("local", "cloud")}
     RANGES: ClassVar[dict] = {"alpha_k": "> 0", "lam": ">= 0", "sigma": "> 0"}
 
-    alpha_k: float = 1000.0  # alphaK: step size of the attention gradient step (Eq. 6)
-    lam: float = 1.0  # lambda: weight of the proximal pull to u_i (Eq. 8, as lambda / (2 alphaK))
-    sigma: float = 0.1  # scale of the attention-inducing function A(x) = 1 - exp(-x / sigma)
-    start: str = "local"  # local SGD starts from the client's own model ("local") or from u_i ("cloud")
+    alpha_k: float = opt(1000.0, "alphaK: step size of the attention gradient step (Eq. 6)")
+    lam: float = opt(1.0, "lambda: weight of the proximal pull to u_i (Eq. 8, as lambda / (2 alphaK))")
+    sigma: float = opt(0.1, "scale of the attention-inducing function A(x) = 1 - exp(-x / sigma)")
+    start: str = opt("local", "local SGD starts from the client's own model (\"local\") or from u_i (\"cloud\")")
 
 
 def attention_weights(flat: torch.Tensor, cid: int, available: torch.Tensor, alpha_k: float,

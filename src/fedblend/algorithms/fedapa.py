@@ -44,6 +44,7 @@ import torch
 
 from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import flatten, select, stack_copies, with_rows
 from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 
@@ -56,18 +57,18 @@ class FedAPAOptions:
                                "momentum_scope": ("row", "matrix"), "share": ("body", "all")}
     RANGES: ClassVar[dict] = {"eta": ">= 0", "mu": ">= 0", "server_momentum": "[0, 1)", "heatmap_rounds": "[1, 1000000]"}
 
-    eta: float = 0.01  # server learning rate of the weight vectors (Sec. 5.1)
-    mu: float = 0.5  # self-weight set before normalising (Sec. 3.2 step 2, Alg. 1 line 12, Table 4)
-    self_weight_rule: str = "mu"  # "mu": a_ii <- mu (paper); "one": a_ii <- 1 (authors' code)
-    clip: bool = True  # post-processing step 1 (Alg. 1 line 11); False = Table 3 "w/o Clipping"
-    self_weight: bool = True  # step 2 (line 12); False = "w/o Self-weight"
-    normalize: bool = True  # step 3 (line 13); False = "w/o Normalization"
-    sign: str = "descent"  # "descent": minimise 1/2||theta_bar - theta||^2 (text + code); "eq7-literal"
-    server_momentum: float = 0.0  # paper: plain step (Eq. 7); authors' code: 0.9
-    momentum_scope: str = "row"  # "row": a row's buffer moves only when it is updated; "matrix": authors' code
-    share: str = "body"  # "body": partial model sharing (paper); "all": Table 3 "APA without PMS"
-    sequential: bool = False  # authors' code: one client after another within a round (paper: parallel)
-    heatmap_rounds: tuple[int, ...] = (1, 10, 25, 50)  # 1-based rounds whose weight matrix is kept for plots
+    eta: float = opt(0.01, "server learning rate of the weight vectors (Sec. 5.1)")
+    mu: float = opt(0.5, "self-weight set before normalising (Sec. 3.2 step 2, Alg. 1 line 12, Table 4)")
+    self_weight_rule: str = opt("mu", "\"mu\": a_ii <- mu (paper); \"one\": a_ii <- 1 (authors' code)")
+    clip: bool = opt(True, 'post-processing step 1 (Alg. 1 line 11); False = Table 3 "w/o Clipping"')
+    self_weight: bool = opt(True, 'step 2 (line 12); False = "w/o Self-weight"')
+    normalize: bool = opt(True, 'step 3 (line 13); False = "w/o Normalization"')
+    sign: str = opt("descent", '"descent": minimise 1/2||theta_bar - theta||^2 (text + code); "eq7-literal"')
+    server_momentum: float = opt(0.0, "paper: plain step (Eq. 7); authors' code: 0.9")
+    momentum_scope: str = opt("row", "\"row\": a row's buffer moves only when it is updated; \"matrix\": authors' code")
+    share: str = opt("body", '"body": partial model sharing (paper); "all": Table 3 "APA without PMS"')
+    sequential: bool = opt(False, "authors' code: one client after another within a round (paper: parallel)")
+    heatmap_rounds: tuple[int, ...] = opt((1, 10, 25, 50), "1-based rounds whose weight matrix is kept for plots")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State, train_now
 from fedblend.core.training import TrainSpec
@@ -17,7 +18,7 @@ from fedblend.core.training import TrainSpec
 @dataclass(frozen=True)
 class FineTuneOptions:
     RANGES: ClassVar[dict] = {"ft_epochs": "[0, 10000]"}
-    ft_epochs: int = 1  # local epochs of fine-tuning before evaluation
+    ft_epochs: int = opt(1, "local epochs of fine-tuning before evaluation")
 
 
 @register_method

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from fedblend.algorithms.fedavg_ft import FedAvgFT
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State
 
@@ -33,8 +34,8 @@ from fedblend.core.method import ClientCtx, Message, State
 class FedBABUOptions:
     CHOICES: ClassVar[dict] = {"ft_part": ("all", "head")}
     RANGES: ClassVar[dict] = {"ft_epochs": "[0, 10000]"}
-    ft_epochs: int = 5  # tau_f: fine-tuning epochs before evaluation (paper Sec. 4 / 5: 5)
-    ft_part: str = "all"  # "all": fine-tune body and head (paper); "head": the head only
+    ft_epochs: int = opt(5, "tau_f: fine-tuning epochs before evaluation (paper Sec. 4 / 5: 5)")
+    ft_part: str = opt("all", '"all": fine-tune body and head (paper); "head": the head only')
 
 
 @register_method

@@ -36,6 +36,7 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.evaluation import evaluate_params
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
@@ -47,11 +48,11 @@ class FedFomoOptions:
     CHOICES: ClassVar[dict] = {"val_split": ("val", "train"), "candidates": ("stored", "last_round")}
     RANGES: ClassVar[dict] = {"m": "[1, 100000]", "epsilon": "[0, 1]", "epsilon_decay": ">= 0"}
 
-    m: int = 5  # models downloaded per client and round (paper's M)
-    epsilon: float = 0.3  # epsilon-greedy exploration rate in the first round
-    epsilon_decay: float = 0.05  # subtracted from epsilon every round (floor 0)
-    val_split: str = "val"  # data the weights are computed on: "val" (fallback train) or "train"
-    candidates: str = "stored"  # "stored": every stored model; "last_round": the previous round's uploads
+    m: int = opt(5, "models downloaded per client and round (paper's M)")
+    epsilon: float = opt(0.3, "epsilon-greedy exploration rate in the first round")
+    epsilon_decay: float = opt(0.05, "subtracted from epsilon every round (floor 0)")
+    val_split: str = opt("val", 'data the weights are computed on: "val" (fallback train) or "train"')
+    candidates: str = opt("stored", "\"stored\": every stored model; \"last_round\": the previous round's uploads")
 
 
 def fomo_weights(own_loss: float, losses: Sequence[float], distances: Sequence[float]) -> torch.Tensor:

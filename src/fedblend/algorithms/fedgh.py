@@ -35,6 +35,7 @@ from torch.func import functional_call
 
 from fedblend.algorithms.parts.prototypes import PROTOS, PrototypeUpload
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, select
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 from fedblend.core.optim import sgd_direction
@@ -51,11 +52,11 @@ class FedGHOptions:
     RANGES: ClassVar[dict] = {"server_lr": "> 0", "server_epochs": "[1, 10000]", "server_batch_size": "[1, 1000000]",
                               "server_momentum": "[0, 1)"}
 
-    server_lr: float = 0.01  # SGD learning rate of the header on the server (PFLlib server_learning_rate)
-    server_epochs: int = 1  # passes over the round's uploaded (LAR, label) pairs
-    server_batch_size: int | None = None  # None: the clients' batch size (PFLlib)
-    server_momentum: float = 0.0  # SGD momentum of the header (buffer kept in the server state)
-    eval: str = "header"  # "header": own body + global header (paper); "local": own body + own trained header
+    server_lr: float = opt(0.01, "SGD learning rate of the header on the server (PFLlib server_learning_rate)")
+    server_epochs: int = opt(1, "passes over the round's uploaded (LAR, label) pairs")
+    server_batch_size: int | None = opt(None, "None: the clients' batch size (PFLlib)")
+    server_momentum: float = opt(0.0, "SGD momentum of the header (buffer kept in the server state)")
+    eval: str = opt("header", '"header": own body + global header (paper); "local": own body + own trained header')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -36,6 +36,7 @@ import torch
 from fedblend.algorithms.parts.features import features_of
 from fedblend.algorithms.parts.prototypes import num_classes
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, select, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 from fedblend.core.training import Batch, LossTerm, TrainResult
@@ -50,13 +51,14 @@ class FedPACOptions:
                                "align_norm": ("sum", "mean")}
     RANGES: ClassVar[dict] = {"lam": ">= 0", "head_epochs": "[0, 10000]", "head_lr": ">= 0", "weight_eps": "[0, 1)"}
 
-    lam: float = 1.0  # lambda of the feature-alignment term (Eq. 5)
-    head_epochs: int = 1  # epochs of classifier training (body frozen) before the body epochs
-    head_lr: float = 0.0  # learning rate of the classifier epochs (0: the run's lr; authors' code: 0.1)
-    combine: str = "qp"  # "qp": Eq. 10 classifier combination; "local": keep the own head (no collaboration)
-    centroids: str = "counts"  # "counts": Eq. 6 weighted by class counts; "mean": plain mean (PFLlib)
-    align_norm: str = "mean"  # "mean": per element (authors' code and PFLlib: MSELoss); "sum": squared norm (Eq. 5)
-    weight_eps: float = 0.0  # zero out combination weights below this (authors' code: 1e-3), then renormalise
+    lam: float = opt(1.0, "lambda of the feature-alignment term (Eq. 5)")
+    head_epochs: int = opt(1, "epochs of classifier training (body frozen) before the body epochs")
+    head_lr: float = opt(0.0, "learning rate of the classifier epochs (0: the run's lr; authors' code: 0.1)")
+    combine: str = opt("qp", '"qp": Eq. 10 classifier combination; "local": keep the own head (no collaboration)')
+    centroids: str = opt("counts", '"counts": Eq. 6 weighted by class counts; "mean": plain mean (PFLlib)')
+    align_norm: str = opt("mean", "\"mean\": per element (authors' code and PFLlib: MSELoss); \"sum\": squared norm (Eq. "
+                                  "5)")
+    weight_eps: float = opt(0.0, "zero out combination weights below this (authors' code: 1e-3), then renormalise")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -38,6 +38,7 @@ from torch.func import functional_call
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, Message, State
 from fedblend.core.training import LossTerm
@@ -51,12 +52,13 @@ class FedPHPOptions:
     CHOICES: ClassVar[dict] = {"transfer": ("kd", "mmd", "mmd-pfllib"), "schedule": ("participation", "round")}
     RANGES: ClassVar[dict] = {"mu": "[0, 1]", "lam": "[0, 1]", "temperature": "> 0", "expected_join": "(0, 1]"}
 
-    mu: float = 0.9  # largest momentum of the HPM moving average
-    lam: float = 0.01  # weight of the knowledge transfer: (1 - lam) CE + lam D
-    transfer: str = "kd"  # "kd" (soft CE to the HPM), "mmd" (authors' adaptive-bandwidth MMD), "mmd-pfllib"
-    temperature: float = 4.0  # KD temperature on the teacher's logits (authors' code: 4)
-    schedule: str = "participation"  # momentum grows with participations (code) or with the round ("round", PFLlib)
-    expected_join: float = 1.0  # rho: expected share of rounds a client joins (T1's uniform [0.6, 1]: 0.8)
+    mu: float = opt(0.9, "largest momentum of the HPM moving average")
+    lam: float = opt(0.01, "weight of the knowledge transfer: (1 - lam) CE + lam D")
+    transfer: str = opt("kd", "\"kd\" (soft CE to the HPM), \"mmd\" (authors' adaptive-bandwidth MMD), \"mmd-pfllib\"")
+    temperature: float = opt(4.0, "KD temperature on the teacher's logits (authors' code: 4)")
+    schedule: str = opt("participation", 'momentum grows with participations (code) or with the round ("round", '
+                                         "PFLlib)")
+    expected_join: float = opt(1.0, "rho: expected share of rounds a client joins (T1's uniform [0.6, 1]: 0.8)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

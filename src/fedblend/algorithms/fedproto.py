@@ -39,6 +39,7 @@ import torch
 
 from fedblend.algorithms.parts.prototypes import COUNTS, PROTOS, PrototypeUpload, num_classes
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 from fedblend.core.training import LossTerm
@@ -53,11 +54,11 @@ class FedProtoOptions:
                                "eval": ("proto", "head"), "absent": ("drop", "keep")}
     RANGES: ClassVar[dict] = {"lam": ">= 0"}
 
-    lam: float = 1.0  # lambda of Eq. 5 (authors' code default 1)
-    weighting: str = "samples"  # Eq. 6: weights |D_ij| / N_j ("samples") or the code's plain mean ("uniform")
-    distance: str = "mse"  # L_R: "mse" (authors' code nn.MSELoss) or "sq_l2" (squared L2 per sample)
-    eval: str = "proto"  # "proto": nearest global prototype (PFLlib); "head": the client's own head
-    absent: str = "drop"  # a class no client uploaded this round: "drop" its global prototype (code) or "keep" it
+    lam: float = opt(1.0, "lambda of Eq. 5 (authors' code default 1)")
+    weighting: str = opt("samples", "Eq. 6: weights |D_ij| / N_j (\"samples\") or the code's plain mean (\"uniform\")")
+    distance: str = opt("mse", "L_R: \"mse\" (authors' code nn.MSELoss) or \"sq_l2\" (squared L2 per sample)")
+    eval: str = opt("proto", "\"proto\": nearest global prototype (PFLlib); \"head\": the client's own head")
+    absent: str = opt("drop", 'a class no client uploaded this round: "drop" its global prototype (code) or "keep" it')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

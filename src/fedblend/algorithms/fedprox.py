@@ -8,6 +8,7 @@ from typing import ClassVar
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State
 from fedblend.core.training import LossTerm
@@ -16,7 +17,7 @@ from fedblend.core.training import LossTerm
 @dataclass(frozen=True)
 class FedProxOptions:
     RANGES: ClassVar[dict] = {"mu": ">= 0"}
-    mu: float = 0.01  # proximal coefficient (FedALA appendix: 0.001 on MNIST-like, tuned per dataset)
+    mu: float = opt(0.01, "proximal coefficient (FedALA appendix: 0.001 on MNIST-like, tuned per dataset)")
 
 
 @register_method

@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from fedblend.algorithms.fedper import BodySharing
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State
 
@@ -36,8 +37,8 @@ from fedblend.core.method import ClientCtx, Message, State
 class FedRepOptions:
     # body_epochs = 0 would never train the shared representation (nothing federated, no train_loss): refused
     RANGES: ClassVar[dict] = {"head_epochs": "[0, 10000]", "body_epochs": "[1, 10000]"}
-    head_epochs: int = 10  # tau_h: epochs of the head update with the representation fixed (paper Sec. 5)
-    body_epochs: int | None = None  # tau: epochs of the representation update (None: [train] epochs)
+    head_epochs: int = opt(10, "tau_h: epochs of the head update with the representation fixed (paper Sec. 5)")
+    body_epochs: int | None = opt(None, "tau: epochs of the representation update (None: [train] epochs)")
 
 
 @register_method

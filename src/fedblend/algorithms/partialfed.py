@@ -37,6 +37,7 @@ import torch
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.parts.ownloop import batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, Message, State
 
@@ -46,13 +47,13 @@ class PartialFedOptions:
     CHOICES: ClassVar[dict] = {"load": ("hard", "soft"), "unit": ("layer", "tensor")}
     RANGES: ClassVar[dict] = {"eta": ">= 0", "strategy_fraction": "(0, 1]", "tau0": "> 0", "tau_decay": "(0, 1]"}
 
-    eta: float = 1.0  # step size of the strategy update
-    strategy_fraction: float = 0.5  # share of an epoch's batches the strategy learns on each round
-    gumbel: bool = True  # Gumbel-softmax relaxation of the binary choice after each strategy step
-    tau0: float = 5.0  # initial Gumbel-softmax temperature (PFLlib: 5)
-    tau_decay: float = 0.965  # temperature decay per participating round (PFLlib: 0.965)
-    load: str = "hard"  # "hard": load layer l from the global model iff s_l >= 0.5; "soft": s-weighted mix
-    unit: str = "layer"  # "layer": one choice per layer (paper); "tensor": per parameter tensor (PFLlib)
+    eta: float = opt(1.0, "step size of the strategy update")
+    strategy_fraction: float = opt(0.5, "share of an epoch's batches the strategy learns on each round")
+    gumbel: bool = opt(True, "Gumbel-softmax relaxation of the binary choice after each strategy step")
+    tau0: float = opt(5.0, "initial Gumbel-softmax temperature (PFLlib: 5)")
+    tau_decay: float = opt(0.965, "temperature decay per participating round (PFLlib: 0.965)")
+    load: str = opt("hard", '"hard": load layer l from the global model iff s_l >= 0.5; "soft": s-weighted mix')
+    unit: str = opt("layer", '"layer": one choice per layer (paper); "tensor": per parameter tensor (PFLlib)')
 
 
 def unit_of(name: str, unit: str) -> str:

@@ -35,6 +35,7 @@ from typing import ClassVar
 
 from fedblend.algorithms.parts.ownloop import LossFn, OwnLoopMethod, batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State, train_now
 from fedblend.core.training import TrainSpec
@@ -45,11 +46,11 @@ class PerFedAvgOptions:
     CHOICES: ClassVar[dict] = {"variant": ("fo", "hf")}
     RANGES: ClassVar[dict] = {"alpha": ">= 0", "beta": "> 0", "delta": "> 0", "local_steps": "[1, 1000000]"}
 
-    variant: str = "fo"  # "fo": first-order (Eq. 8); "hf": Hessian-free finite difference (Eq. 9)
-    alpha: float | None = 0.001  # inner / adaptation step size (Sec. 5, see docs); unset = train.lr
-    beta: float | None = None  # meta (outer) step size of Algorithm 1 line 7; unset = train.lr
-    delta: float = 0.001  # finite-difference radius of the HF variant (FL-bench default 1e-3)
-    local_steps: int | None = None  # tau; unset = the meta-steps that fit in train.epochs epochs of batches
+    variant: str = opt("fo", '"fo": first-order (Eq. 8); "hf": Hessian-free finite difference (Eq. 9)')
+    alpha: float | None = opt(0.001, "inner / adaptation step size (Sec. 5, see docs); unset = train.lr")
+    beta: float | None = opt(None, "meta (outer) step size of Algorithm 1 line 7; unset = train.lr")
+    delta: float = opt(0.001, "finite-difference radius of the HF variant (FL-bench default 1e-3)")
+    local_steps: int | None = opt(None, "tau; unset = the meta-steps that fit in train.epochs epochs of batches")
 
 
 def meta_step(w: Params, losses: tuple[LossFn, LossFn, LossFn | None], alpha: float, beta: float,

@@ -36,6 +36,7 @@ import torch
 from fedblend.algorithms.parts.hypernet import part, proxy_cotangent, vjp
 from fedblend.algorithms.parts.nets import mlp, mlp_init
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 from fedblend.core.optim import clip_grad_norm, sgd_init, sgd_step
@@ -50,17 +51,17 @@ class PFedHNOptions:
                               "embed_lr": ">= 0", "hn_momentum": "[0, 1)", "hn_weight_decay": ">= 0",
                               "grad_clip": ">= 0", "inner_steps": "[0, 1000000]"}
 
-    embed_dim: int = 0  # 0: int(1 + num_clients / 4) (authors' code)
-    hidden: int = 100  # trunk width
-    n_hidden: int = 3  # hidden layers of the trunk after its input layer
-    hn_lr: float = 1e-2  # beta of Alg. 1
-    embed_lr: float = 0.0  # 0: hn_lr
-    hn_momentum: float = 0.9
-    hn_weight_decay: float = 1e-3  # not on the embeddings
-    grad_clip: float = 50.0  # 0: off
-    inner_steps: int = 0  # 0: the run's [train] epochs; K > 0: K SGD steps (paper: 50)
-    personal_head: bool = False  # pFedHN-PC
-    sequential: bool = True  # one client after another (Alg. 1); False: one mean step per round
+    embed_dim: int = opt(0, "0: int(1 + num_clients / 4) (authors' code)")
+    hidden: int = opt(100, "trunk width")
+    n_hidden: int = opt(3, "hidden layers of the trunk after its input layer")
+    hn_lr: float = opt(1e-2, "beta of Alg. 1")
+    embed_lr: float = opt(0.0, "0: hn_lr")
+    hn_momentum: float = opt(0.9, "SGD momentum of the hypernetwork optimiser (authors' code: 0.9)")
+    hn_weight_decay: float = opt(1e-3, "not on the embeddings")
+    grad_clip: float = opt(50.0, "0: off")
+    inner_steps: int = opt(0, "0: the run's [train] epochs; K > 0: K SGD steps (paper: 50)")
+    personal_head: bool = opt(False, "pFedHN-PC")
+    sequential: bool = opt(True, "one client after another (Alg. 1); False: one mean step per round")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -38,6 +38,7 @@ from fedblend.algorithms.parts.hypernet import part, proxy_cotangent, vjp
 from fedblend.algorithms.parts.nets import mlp, mlp_init
 from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params, layer_of, stack_copies, with_rows
 from fedblend.common.rng import SeedTree
 from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
@@ -51,13 +52,15 @@ class PFedLAOptions:
     CHOICES: ClassVar[dict] = {"sign": ("descent", "literal"), "granularity": ("layer", "tensor")}
     RANGES: ClassVar[dict] = {"embed_dim": "[1, 4096]", "hidden": "[1, 4096]", "hn_lr": "> 0", "hn_momentum": "[0, 1)"}
 
-    embed_dim: int = 100
-    hidden: int = 100
-    hn_lr: float = 5e-3
-    hn_momentum: float = 0.0
-    sign: str = "descent"
-    granularity: str = "layer"
-    sequential: bool = False  # True: one client after another (FL-bench): later clients see earlier uploads
+    embed_dim: int = opt(100, "size of each client's embedding (FL-bench: 100)")
+    hidden: int = opt(100, "width of the hypernetwork's hidden layer (FL-bench: 100)")
+    hn_lr: float = opt(5e-3, "learning rate eta of the hypernetwork update (FL-bench: 5e-3)")
+    hn_momentum: float = opt(0.0, "SGD momentum of the hypernetwork update (FL-bench: none)")
+    sign: str = opt("descent", '"descent": d_i = theta-bar_i - theta_i (towards what the client learned); "literal": '
+                              "d_i = theta_i - theta-bar_i as written (FL-bench), which ascends that proxy")
+    granularity: str = opt("layer", '"layer": weight and bias of a layer share a weight (paper); "tensor": every '
+                                    "parameter tensor its own (FL-bench)")
+    sequential: bool = opt(False, "True: one client after another (FL-bench): later clients see earlier uploads")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

@@ -34,6 +34,7 @@ from typing import ClassVar
 from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.parts.ownloop import LossFn, OwnLoopMethod, batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
+from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 
@@ -44,12 +45,12 @@ class PFedMeOptions:
     RANGES: ClassVar[dict] = {"lamda": "> 0", "k": "[1, 10000]", "personal_lr": "> 0", "beta": "> 0",
                               "local_steps": "[1, 1000000]"}
 
-    lamda: float = 15.0  # regularisation lambda of the Moreau envelope (paper Sec. 5, MNIST: 15)
-    k: int = 5  # inner-solver steps K (Sec. 5: K = 5)
-    personal_lr: float = 0.01  # inner-solver step (PFLlib's default; paper's MNIST 0.1 diverges with cnn4, docs)
-    beta: float = 1.0  # server mixing beta (Alg. 1 line 11; beta = 1: plain average)
-    inner_init: str = "previous"  # "previous": warm start from the last theta (authors' code); "w": from w
-    local_steps: int | None = None  # R; unset = the batches of train.epochs epochs
+    lamda: float = opt(15.0, "regularisation lambda of the Moreau envelope (paper Sec. 5, MNIST: 15)")
+    k: int = opt(5, "inner-solver steps K (Sec. 5: K = 5)")
+    personal_lr: float = opt(0.01, "inner-solver step (PFLlib's default; paper's MNIST 0.1 diverges with cnn4, docs)")
+    beta: float = opt(1.0, "server mixing beta (Alg. 1 line 11; beta = 1: plain average)")
+    inner_init: str = opt("previous", "\"previous\": warm start from the last theta (authors' code); \"w\": from w")
+    local_steps: int | None = opt(None, "R; unset = the batches of train.epochs epochs")
 
 
 def inner_solve(loss: LossFn, theta: Params, w: Mapping, lamda: float, lr: float, steps: int) -> Params:

@@ -445,8 +445,8 @@ def _echo(*a, **k) -> None:
 
 
 def _method_help(name: str) -> str:
-    """A method's or transform's options: default, allowed values and each field's help (its ``help`` metadata,
-    else the comment beside or above the field in the source)."""
+    """A method's or transform's options: default, allowed values and each field's help (its ``help``
+    metadata)."""
     import inspect
 
     from fedblend.algorithms.registry import find_plugin
@@ -481,48 +481,11 @@ def _plugin_note(cls: type) -> str:
 
 
 def field_help(cls: type) -> dict[str, str]:
-    """``{field: help}`` of an options dataclass: ``dataclasses.field(metadata={"help": ...})`` where given,
-    else the source's comment: ``#:`` lines above the field, or the ``#`` comment beside it with the comment-only
-    lines that continue it (one sentence may span lines)."""
-    import inspect
-
+    """``{field: help}`` of an options dataclass, from each field's ``metadata["help"]`` (written with
+    :func:`fedblend.common.options.opt` or ``dataclasses.field(metadata={"help": ...})``); fields without one
+    are left out."""
     fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
-    out = {f.name: str(f.metadata["help"]) for f in fields if f.metadata.get("help")}
-    if len(out) == len(fields):
-        return out
-    try:
-        comments = _field_comments(inspect.getsource(cls))
-    except (OSError, TypeError):
-        comments = {}
-    return {**comments, **out}
-
-
-def _field_comments(source: str) -> dict[str, str]:
-    """``{field: its comment}`` from a dataclass's source (see :func:`field_help`)."""
-    import re
-
-    out: dict[str, str] = {}
-    above: list[str] = []
-    current = None  # the field whose trailing comment the next comment-only lines continue
-    for line in source.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^=]+=(.*)$", line)
-        if m and not line.lstrip().startswith("#"):
-            name, rest = m.group(1), m.group(2)
-            trailing = re.search(r"#\s*(.+)$", rest) if "#" in rest else None
-            text = " ".join(above + ([trailing.group(1).strip()] if trailing else []))
-            if text:
-                out[name] = text
-            above, current = [], name if trailing else None
-            continue
-        c = re.match(r"\s*#(:?)\s?(.*)$", line)
-        if c and c.group(1):  # "#:" documents the next field
-            above.append(c.group(2).strip())
-            current = None
-        elif c and current is not None and c.group(2).strip():  # continues the trailing comment above
-            out[current] += " " + c.group(2).strip()
-        else:
-            above, current = ([] if not c else above), None
-    return out
+    return {f.name: str(f.metadata["help"]) for f in fields if f.metadata.get("help")}
 
 
 def _configs_root() -> Path:

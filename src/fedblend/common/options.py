@@ -174,3 +174,9 @@ def from_table(cls: type, table: dict[str, Any] | None, where: str) -> Any:
 
 def to_table(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
+
+
+def opt(default: Any, help: str) -> Any:  # noqa: A002 (the dataclasses metadata key)
+    """A documented option field, ``dataclasses.field(default=default, metadata={"help": help})``: the help is
+    what ``fedblend methods NAME`` prints and ``docs/config.md`` lists (plug-ins use the same)."""
+    return dataclasses.field(default=default, metadata={"help": help})
