@@ -214,6 +214,29 @@ def test_wrong_shapes_are_refused(tmp_path):
     assert shape_errors({"p": {name: torch.zeros(shape)}}, node.shapes) == []
 
 
+def test_node_cache_holds_only_its_clients_tensors_and_reloads_them_equal(tmp_path):
+    """The node's data cache stores its own clients' tensors compactly (not the dataset storage they view),
+    and a node started again on it (memory-mapped) holds exactly the data ``fedblend run`` gives those clients."""
+    from fedblend.data.federated import build_federated
+    from fedblend.data.sources import load_dataset
+
+    cfg = tiny_cfg()
+    node_cfg = {"partition-id": 1, "num-partitions": 2, "state-dir": str(tmp_path / "n")}
+    first = Node(run_config(cfg), node_cfg, "k")
+    tensors = [v for c in first.cids for v in vars(first.runtime.data[c]).values()]
+    payload = sum(v.numel() * v.element_size() for v in tensors)
+    size = (tmp_path / "n" / "k" / "data.pt").stat().st_size
+    assert payload <= size <= payload + 64 * 1024 + 1024 * len(tensors)
+    again = Node(run_config(cfg), node_cfg, "k")
+    fed = build_federated(load_dataset(cfg.dataset, None), cfg.partition, cfg.seed)
+    assert again.cids == first.cids == list(range(1, fed.num_clients, 2))
+    for c in again.cids:
+        for k, v in vars(again.runtime.data[c]).items():
+            want = getattr(fed.clients[c], k)
+            assert v.dtype == want.dtype and torch.equal(v, want), (c, k)
+    assert again.fingerprints == first.fingerprints
+
+
 def test_node_config_errors():
     from fedblend.flower.node import NodeDataError, node_clients
 

@@ -102,12 +102,12 @@ class Node:
     def _load_data(self, cfg: RunConfig, node_config: dict, data_dir) -> tuple[dict[int, ClientData], dict]:
         """This node's clients' data: from the cache in the state directory, else built from the dataset."""
         cache = self.dir / "data.pt"
-        if cache.exists():
-            saved = decode(torch.load(cache, map_location="cpu", weights_only=True))
+        if cache.exists():  # memory-mapped: a ClientApp process reads only the pages its clients touch
+            saved = decode(torch.load(cache, map_location="cpu", weights_only=True, mmap=True))
             return {int(c): ClientData(**d) for c, d in saved["clients"].items()}, saved["info"]
         fed = build_federated(load_dataset(cfg.dataset, data_dir), cfg.partition, cfg.seed)
         cids = node_clients(node_config, fed.num_clients)
-        data = {c: fed.clients[c] for c in cids}
+        data = {c: compact(fed.clients[c]) for c in cids}
         info = {**fed.info, "num_clients": fed.num_clients}
         _save(cache, {"clients": {str(c): vars(d) for c, d in data.items()}, "info": info})
         return data, info
@@ -164,6 +164,13 @@ class Node:
         for f in self.dir.glob(f"client-{cid}-v*.pt"):
             if int(f.stem.rsplit("-v", 1)[1]) <= version - max(1, keep):
                 f.unlink(missing_ok=True)
+
+
+def compact(d: ClientData) -> ClientData:
+    """``d`` with each tensor in its own storage. A client's tensors are views into the whole dataset's
+    storage, and ``torch.save`` writes a view's whole storage: saved as views, a node's cache held the full
+    dataset (300.6 MB for 111.9 MB of its clients' tensors)."""
+    return ClientData(**{k: v.clone(memory_format=torch.contiguous_format) for k, v in vars(d).items()})
 
 
 def _save(path: Path, obj: Any) -> None:
