@@ -153,7 +153,8 @@ def render(table: Table, repo: Path = REPO) -> str:
 
 
 def validation_rows(repo: Path = REPO) -> list[dict]:
-    """Per method under results/validation: our and the reference's per-round accuracy, compared round by round."""
+    """Per method under results/validation: our and the reference's per-round accuracy, compared round by round
+    (ours: the metric ``reference.json`` names in ``fedblend_metric``, default ``acc``)."""
     rows = []
     for ref_file in sorted((repo / "results" / "validation").glob("*/reference.json")):
         folder = ref_file.parent
@@ -161,7 +162,8 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         metrics = folder / "fedblend" / "metrics.jsonl"
         if not metrics.exists():
             continue
-        ours = {m["round"]: m["acc"] for m in map(json.loads, metrics.read_text().splitlines()) if "acc" in m}
+        key = ref.get("fedblend_metric", "acc")  # which of our metrics the reference's curve measures
+        ours = {m["round"]: m[key] for m in map(json.loads, metrics.read_text().splitlines()) if key in m}
         theirs = dict(zip(ref["rounds"], ref["acc"]))
         common = sorted(set(ours) & set(theirs))
         if not common:
@@ -171,11 +173,11 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         last = common[-1]
         seeds = []
         for extra in sorted(folder.glob("fedblend-seed*/metrics.jsonl")):
-            accs = {m["round"]: m["acc"] for m in map(json.loads, extra.read_text().splitlines()) if "acc" in m}
+            accs = {m["round"]: m[key] for m in map(json.loads, extra.read_text().splitlines()) if key in m}
             if last in accs:
                 seeds.append(accs[last] * 100)
         verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
-        rows.append({"method": folder.name, "repository": ref.get("repository", "?"),
+        rows.append({"method": folder.name + ("" if key == "acc" else f" (`{key}`)"), "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
                      "rounds": len(common), "max_diff": diffs[worst], "max_round": common[worst], "last": last,
                      "ours": ours[last] * 100, "theirs": theirs[last] * 100, "other_seeds": seeds,
