@@ -59,3 +59,22 @@ def test_fedamp_proximal_pull_is_fedprox_term(tiny_fed):
     (term,) = sim.method.loss_terms(msg, state["params"], state, sim.client_ctx(1, 0))
     assert term.args["mu"] == 0.5  # lambda / alphaK, so the term is lambda / (2 alphaK) ||w - u_i||^2
     assert same_state(term.args["anchor"], msg.params())
+
+
+def test_fedamp_warns_when_the_self_weight_is_negative(tiny_fed):
+    """With alpha_k above sigma / (M - 1) the self weight of close models goes negative (u_i extrapolates): the
+    server warns; at or below the bound it cannot, and it does not."""
+    import warnings
+
+    flat = torch.zeros(4, 3)  # identical models: every A'(0) = 1 / sigma
+    assert float(attention_weights(flat, 0, torch.ones(4), alpha_k=0.1 / 3, sigma=0.1)[0]) == pytest.approx(0.0)
+    assert float(attention_weights(flat, 0, torch.ones(4), alpha_k=1000.0, sigma=0.1)[0]) < -1e4
+    loud = tiny_sim(tiny_fed, "fedamp", {"alpha_k": 1000.0, "sigma": 0.1}, rounds=2, seed=0)
+    loud.run_round()
+    with pytest.warns(UserWarning, match="self weight xi_ii < 0"):
+        train_message(loud, 0)
+    quiet = tiny_sim(tiny_fed, "fedamp", {"alpha_k": 0.1 / 3, "sigma": 0.1}, rounds=2, seed=0)
+    quiet.run_round()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_message(quiet, 0)

@@ -31,6 +31,7 @@ FedAPA comparison inherits.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -73,6 +74,15 @@ def attention_weights(flat: torch.Tensor, cid: int, available: torch.Tensor, alp
     return xi
 
 
+def negative_self_weight_text(alpha_k: float, sigma: float, m: int) -> str:
+    """The warning for a negative self weight ``xi_ii`` (see :meth:`FedAMP.cloud_model`)."""
+    bound = sigma / max(1, m - 1)
+    return (f"FedAMP: a self weight xi_ii < 0 (alpha_k = {alpha_k:g}, sigma = {sigma:g}): the attention weights are "
+            f"not a convex combination, u_i extrapolates beyond the clients' models and the proximal pull towards it "
+            f"can diverge. alpha_k <= sigma / (M - 1) = {bound:.3g} keeps every xi_ii >= 0 however close the models "
+            f"are (docs/methods/fedamp.md)")
+
+
 @register_method
 class FedAMP(Method):
     name = "fedamp"
@@ -90,9 +100,13 @@ class FedAMP(Method):
                 "seen": torch.zeros(m, dtype=torch.float64, device=sctx.run.device)}
 
     def cloud_model(self, server: State, cid: int) -> Params:
-        """Eq. 5-7: ``u_i = sum_j xi_ij w_j``."""
+        """Eq. 5-7: ``u_i = sum_j xi_ij w_j``. Warns (once per setting) when the self weight is negative: the
+        weights then do not form the convex combination Eq. 7 intends, ``u_i`` extrapolates beyond the stored
+        models, and the proximal pull towards it can diverge."""
         models = server["models"]
         xi = attention_weights(stack_flat(models), cid, server["seen"], self.opts.alpha_k, self.opts.sigma)
+        if float(xi[cid]) < 0 and self.opts.lam:  # with lam = 0, u_i pulls nothing
+            warnings.warn(negative_self_weight_text(self.opts.alpha_k, self.opts.sigma, len(xi)), stacklevel=2)
         return aggregate_row(xi, models)
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
