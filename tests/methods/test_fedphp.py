@@ -65,3 +65,20 @@ def test_fedphp_hpm_update_on_the_client(tiny_fed):
     want = moving_average(st["hpm"], res.reply.params(), min(mu_i, 0.8))
     assert same_state(res.state["hpm"], want)
     assert set(res.reply.arrays) == {"params"} and "hpm" not in res.reply.params()
+
+
+def test_fedphp_eval_trained_scores_the_last_trained_model_and_leaves_training_alone(tiny_fed):
+    """``eval = "trained"`` (what PFLlib evaluates) scores each client's last trained model, not its HPM; the
+    training trajectory (global model, HPMs) is the default's, and the default keeps no model in the state."""
+    runs = {e: tiny_sim(tiny_fed, "fedphp", {"eval": e, "mu": 0.9, "schedule": "round"}, rounds=3, seed=4)
+            for e in ("hpm", "trained")}
+    for sim in runs.values():
+        sim.run()
+    hpm, trained = runs["hpm"], runs["trained"]
+    assert same_state(hpm.server, trained.server)
+    for c, s in trained.store.states.items():
+        assert "params" not in hpm.store.states[c]
+        assert same_state(s["hpm"], hpm.store.states[c]["hpm"])
+        msg = trained.method.configure_evaluate(trained.server, c, trained.sctx(3))
+        assert trained.method.personalized_params(msg, s, trained.client_ctx(c, 3)) is s["params"]
+    assert [m["acc"] for m in hpm.history] != [m["acc"] for m in trained.history]

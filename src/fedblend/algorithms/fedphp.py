@@ -49,7 +49,8 @@ from fedblend.models.zoo import FedModel
 class FedPHPOptions:
     """FedPHP options; defaults follow the authors' code and FedALA's tuned values (appendix)."""
 
-    CHOICES: ClassVar[dict] = {"transfer": ("kd", "mmd", "mmd-pfllib"), "schedule": ("participation", "round")}
+    CHOICES: ClassVar[dict] = {"transfer": ("kd", "mmd", "mmd-pfllib"), "schedule": ("participation", "round"),
+                               "eval": ("hpm", "trained")}
     RANGES: ClassVar[dict] = {"mu": "[0, 1]", "lam": "[0, 1]", "temperature": "> 0", "expected_join": "(0, 1]"}
 
     mu: float = opt(0.9, "largest momentum of the HPM moving average")
@@ -59,6 +60,8 @@ class FedPHPOptions:
     schedule: str = opt("participation", 'momentum grows with participations (code) or with the round ("round", '
                                          "PFLlib)")
     expected_join: float = opt(1.0, "rho: expected share of rounds a client joins (T1's uniform [0.6, 1]: 0.8)")
+    eval: str = opt("hpm", 'evaluated model: the inherited private model ("hpm", the authors\' code) or the client\'s '
+                           'last trained model ("trained", what PFLlib evaluates)')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -136,5 +139,12 @@ class FedPHP(FedAvg):
         cstate = {**cstate, "hpm": moving_average(cstate["hpm"], res.params, mu_i), "joins": cstate["joins"] + 1}
         return res, cstate
 
+    @property
+    def keeps_model(self) -> bool:
+        """``eval = "trained"`` keeps the client's last trained model to evaluate it."""
+        return super().keeps_model or self.opts.eval == "trained"
+
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        return cstate["hpm"] if cstate["joins"] else self.client_init(msg, cstate, ctx)
+        if not cstate["joins"]:
+            return self.client_init(msg, cstate, ctx)
+        return cstate["params"] if self.opts.eval == "trained" else cstate["hpm"]
