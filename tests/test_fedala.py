@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.ala import (
-    ALA,
+from fedblend.algorithms.ala import ALA
+from fedblend.algorithms.parts.ala_learning import (
     ALAOptions,
     ala_names,
     ala_step,

@@ -32,7 +32,7 @@ as written; "mixed_start": ``w_m <- W_new + avg dw`` i.e. the mean of the group'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from fedblend.algorithms.parts import clustering
-from fedblend.algorithms.parts.mix import lerp
+from fedblend.algorithms.parts.layer_mix import global_from_groups, layer_weights, mix_by_layer
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
-from fedblend.common.params import Params, clone, flatten, layer_of, unflatten, weighted_average
+from fedblend.common.params import Params, clone, flatten, unflatten, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
 
 
@@ -81,41 +81,6 @@ class FedALPOptions:
                                      'is the "average gradient" of the group); "federation" = n_k / (data of all K '
                                      "clients), the same gamma_k as line 11, which scales each group's step by the "
                                      "joined members' share of the federation's data")
-
-
-# --------------------------------------------------------------------------------------------- pure functions
-def layer_units(names: Sequence[str], unit: str = "layer") -> dict[str, list[str]]:
-    """Parameter names grouped into the units that get one weight each (a model layer, or each tensor)."""
-    out: dict[str, list[str]] = {}
-    for n in names:
-        out.setdefault(layer_of(n) if unit == "layer" else n, []).append(n)
-    return out
-
-
-def layer_weights(update: Mapping[str, torch.Tensor], beta: float, unit: str = "layer") -> dict[str, float]:
-    """FedALP Eq. 6-8 / Algorithm 2 ``LayersWeight``: ``Psi = beta * delta / max(delta)``, where ``delta^(l)`` is
-    the L2 norm of the (group-averaged) update restricted to unit ``l`` (weight and bias of a layer together).
-    A zero update gives ``Psi = 0`` everywhere."""
-    units = layer_units(list(update), unit)
-    delta = {u: float(torch.sqrt(sum((update[n].double() ** 2).sum() for n in names))) for u, names in units.items()}
-    top = max(delta.values(), default=0.0)
-    return {u: (beta * d / top if top > 0 else 0.0) for u, d in delta.items()}
-
-
-def mix_by_layer(group: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor], psi: Mapping[str, float],
-                 unit: str = "layer") -> Params:
-    """FedALP Eq. 9-10 (Algorithm 1 ``MixByLayer``): ``W^(l) = Psi^(l) w_m^(l) + (1 - Psi^(l)) w_g^(l)``."""
-    out: Params = {}
-    for n, g in glob.items():
-        p = float(psi[layer_of(n) if unit == "layer" else n])
-        out[n] = g.clone() if p == 0.0 else (group[n].clone() if p == 1.0 else lerp(group[n], g, p))
-    return out
-
-
-def global_from_groups(groups: Sequence[Mapping[str, torch.Tensor]], shares: Sequence[float]) -> Params:
-    """Algorithm 1 line 11: ``w_g = sum_m (sum_{k in G_m} gamma_k) w_m`` (shares normalised to sum 1)."""
-    keep = [(g, s) for g, s in zip(groups, shares) if s > 0]
-    return weighted_average([g for g, _ in keep], [s for _, s in keep])
 
 
 # --------------------------------------------------------------------------------------------- the method

@@ -24,21 +24,22 @@ receives, i.e. their current models (the training reply carries the model).
 There is no global model; a client evaluates its own current model (after its last local training). All
 learner state (embedding network, agent, Adam moments, replay buffer) is in the server state; randomness
 (exploration noise, random actions, replay batches, initialisation) comes from the server's seed-tree streams.
-See ``docs/methods/pfedrlla.md`` for paper vs code choices.
+The agent's side (loading a pre-trained agent, embedding, actions, rewards, updates and their schedules) is
+:mod:`fedblend.algorithms.parts.rl.learner`; the options are :mod:`fedblend.algorithms.parts.rl.options`. See
+``docs/methods/pfedrlla.md`` for paper vs code choices.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
-from fedblend.algorithms.parts.rl import ddpg, embedding
-from fedblend.algorithms.parts.rl.agent_file import AGENT_FIX, AgentFileError, load_agent, save_agent, shape_mismatch
+from fedblend.algorithms.parts.rl import embedding, learner
+from fedblend.algorithms.parts.rl.agent_file import load_agent, save_agent
+from fedblend.algorithms.parts.rl.options import PFedRLLAOptions
 from fedblend.algorithms.parts.rl.rewards import (
     body_weights,
     head_layers,
@@ -49,77 +50,10 @@ from fedblend.algorithms.parts.rl.rewards import (
     validation_accuracy,
 )
 from fedblend.algorithms.registry import register_method
-from fedblend.common.options import ConfigError, opt
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
 from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
-
-
-@dataclass(frozen=True)
-class PFedRLLAOptions:
-    """Defaults: the paper, then the authors' code (notes) where the paper is silent."""
-
-    CHOICES: ClassVar[dict] = {"embedding": embedding.KINDS, "head": ("fc", "model"),
-                               "body": ("size", "mean", "local"), "head_weights": ("agent", "mean"),
-                               "agent_scope": ("head", "all"), "r3_norm": ("squared", "plain"),
-                               "storage": ("trained", "uploads")}
-    RANGES: ClassVar[dict] = {"emb_dim": "[1, 1024]", "factor": "[1, 128]", "ae_lr": "> 0", "ae_steps": "[0, 100000]",
-                              "ae_every_round_until": "[0, 1000000]", "ae_every": "[1, 1000000]", "acc_tar": "(0, 1]",
-                              "hidden": "[1, 4096]", "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0",
-                              "critic_lr": "> 0", "buffer": "[1, 10000000]", "batch": "[1, 1000000]", "noise": ">= 0",
-                              "random_rounds": "[0, 1000000]", "update_every": "[1, 1000000]", "updates": "[0, 100000]",
-                              "finetune_updates": "[0, 100000]"}
-
-    # aggregation and its ablations (Table 2 / Table 7)
-    body: str = opt("size", '"size": Alg. 2 lines 1-2; "mean": plain mean; "local": own body (pre-training, App. D)')
-    head_weights: str = opt("agent", '"agent": Alg. 2 lines 3-5; "mean": plain mean over [K\'..., k]')
-    agent_scope: str = opt("head", '"head": the agent\'s weights aggregate the head (paper); "all": the whole network '
-                                   '("DRL" column)')
-    head: str = opt("fc", '"fc": trailing linear layers (code: both fc layers of the CNN); "model": model.head_layers')
-    storage: str = opt("uploads", 'what K\' holds: Alg. 1\'s uploads (paper) or "trained" models (code; docstring)')
-    initial_training: bool = opt(True, "Sec. 3: a client trains the initial model locally before its first upload")
-    # embedding network (Sec. 3.1, notes)
-    embedding: str = opt("mhae", '"mhae": the multi-head (LSTM) auto-encoder over the head\'s layers (Sec. 3.1); '
-                                 '"flat": the same layer factors through an MLP auto-encoder; "pca": flattened head, '
-                                 "PCA (Fig. 6)")
-    emb_dim: int = opt(128, "size of a client's embedding: the encoder's hidden units (notes: 128)")
-    factor: int = opt(32, "f: each head layer's weight matrix is projected to an f x f factor (notes: 32)")
-    ae_lr: float = opt(5e-3, "Adam learning rate of the auto-encoder")
-    ae_steps: int = opt(1, "Adam steps per auto-encoder training event (not stated; one step on the round's uploads)")
-    ae_every_round_until: int = opt(100, "without pre-training: train the auto-encoder every round up to this round "
-                                         "(notes), then every ae_every rounds")
-    ae_every: int = opt(10, "auto-encoder training every k rounds after ae_every_round_until (App. E: every 10 rounds "
-                            "when fine-tuning)")
-    # reward (Eq. 1-2, Table 5)
-    beta: tuple[float, ...] = opt((1.0, 1.0, 2.0), "reward weights (b1, b2, b3) of r1 (accuracy), r2 and r3 "
-                                                   "(Eq. 1-2, Table 5)")
-    acc_tar: float = opt(1.0, "target accuracy of r1; authors' code: exp(acc - 1) - 1")
-    r3_norm: str = opt("squared", 'paper Eq. 1d; "plain": the code\'s unsquared norm')
-    # DDPG (notes)
-    hidden: int = opt(256, "width of the actor's and the critic's two hidden layers")
-    gamma: float = opt(0.9, "kept for the record: one-step episodes make the bootstrap term vanish (rl/ddpg.py)")
-    polyak: float = opt(0.96, "soft update factor of the target networks after every DDPG step")
-    actor_lr: float = opt(1e-3, "Adam learning rate of the actor")
-    critic_lr: float = opt(1e-3, "Adam learning rate of the critic")
-    buffer: int = opt(100_000, "replay buffer capacity (transitions)")
-    batch: int = opt(32, "replay batch size of a DDPG step")
-    noise: float = opt(0.03, "std of the Gaussian exploration noise on the actor's weights (then clipped at 0 and "
-                             "renormalised)")
-    # schedule (App. E and G / notes)
-    agent: str = opt("", 'a pre-trained agent file (``fedblend pretrain``); "" = no pre-training')
-    random_rounds: int = opt(50, "without pre-training: random actions in the first rounds")
-    update_every: int = opt(10, "agent updates every k rounds")
-    updates: int = opt(5, "DDPG steps per update event without pre-training (notes)")
-    finetune_updates: int = opt(1, "with a pre-trained agent: one batch of 32 every 10 rounds (App. E)")
-
-    def validate(self, where: str) -> None:
-        if len(self.beta) != 3 or any(b < 0 for b in self.beta):
-            raise ConfigError(f"{where}.beta must be three weights >= 0 (b1, b2, b3), got {list(self.beta)}")
-
-    @property
-    def embed(self) -> embedding.EmbedConfig:
-        return embedding.EmbedConfig(self.embedding, self.emb_dim, self.factor, self.ae_lr)
 
 
 # ------------------------------------------------------------------------------------------------ the method
@@ -162,45 +96,9 @@ class PFedRLLA(Method):
         groups = self.head_groups(sctx.model)
         shapes = [tuple(m.shape) for m in embedding.layer_matrices(sctx.run.init_params, groups)]
         if self.opts.agent:
-            data = load_agent(self.opts.agent)
-            emb = data["embed"]
-            mine = embedding.signature({"kind": self.opts.embedding, "dim": self.opts.emb_dim,
-                                        "factor": self.opts.factor, "shapes": shapes})
-            try:
-                theirs = embedding.signature(emb)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise AgentFileError(f"options.agent = {self.opts.agent!r}: its embedding network has no valid "
-                                     f"description ({type(exc).__name__}: {exc}); {AGENT_FIX}") from exc
-            if theirs != mine:
-                raise AgentFileError(
-                    f"options.agent = {self.opts.agent!r}: its embedding network (kind, dim, factor, head layer "
-                    f"matrices) is {theirs}, this run needs {mine} (a different model, head "
-                    "layers or embedding options); pre-train with the same model and options")
-            self.check_agent_file(data, shapes)
-            return {**server, "embed": emb, "agent": data["agent"], "pretrained": True}
+            emb, agent = learner.load_pretrained(self.opts, shapes)
+            return {**server, "embed": emb, "agent": agent, "pretrained": True}
         return {**server, "embed": embedding.init_embedder(shapes, sctx.tree.torch("embedder-init"), self.opts.embed)}
-
-    def check_agent_file(self, data: dict, shapes: list) -> None:
-        """Every tensor of a loaded agent file has the shape this run's networks have (the embedding network for
-        the run's head layers, the DDPG agent for the state and action sizes the file declares), so a damaged or
-        foreign file fails here, naming the tensor, instead of inside torch in round 1."""
-        gen = torch.Generator().manual_seed(0)
-        where = f"options.agent = {self.opts.agent!r}"
-        wrong = shape_mismatch(embedding.init_embedder(shapes, gen, self.opts.embed), data["embed"])
-        agent = data["agent"]
-        if wrong is None:
-            try:
-                obs_dim, act_dim = int(agent["obs_dim"]), int(agent["act_dim"])
-            except (KeyError, TypeError, ValueError):
-                wrong = "obs_dim / act_dim: missing"
-            else:
-                if obs_dim < 1 or act_dim < 1:
-                    wrong = f"obs_dim {obs_dim}, act_dim {act_dim}: must be >= 1"
-                else:
-                    ref = ddpg.init_agent(obs_dim, act_dim, gen, self.opts)
-                    wrong = shape_mismatch(ref, agent, "agent", free=("agent.buffer",))
-        if wrong is not None:
-            raise AgentFileError(f"{where} does not fit this run: {wrong}; {AGENT_FIX}")
 
     def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
         if phase == "upload":
@@ -234,63 +132,9 @@ class PFedRLLA(Method):
                       "prev_sizes": list(store["sizes"]), "actions": None}
         out = {**server}
         if self.uses_agent():
-            out, rnd = self.choose_actions(out, rnd, sctx)
+            out, rnd = learner.choose_actions(self.opts, out, rnd, self.head_groups(sctx.model), sctx)
         out["round"] = rnd
         return out
-
-    def choose_actions(self, server: State, rnd: State, sctx: ServerCtx) -> tuple[State, State]:
-        t0 = time.perf_counter()
-        groups = self.head_groups(sctx.model)
-        mats = [embedding.layer_matrices(p, groups) for p in list(rnd["prev_params"]) + list(rnd["params"])]
-        emb_state = server["embed"]
-        e = embedding.embed(emb_state, mats)
-        n_prev = len(rnd["prev_cids"])
-        e_prev, e_up = e[:n_prev], e[n_prev:]
-        t = sctx.rnd + 1
-        if emb_state["kind"] != "pca" and self.ae_due(t, server["pretrained"]):
-            x = embedding.project(emb_state, mats[n_prev:])
-            emb_state, loss = embedding.train(emb_state, x, self.opts.ae_steps, self.opts.ae_lr)
-            sctx.stats["ae_loss"] = loss
-        t1 = time.perf_counter()
-        agent = server["agent"]
-        obs_dim, act_dim = (n_prev + 1) * e.shape[1], n_prev + 1
-        if agent is None:
-            agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), self.opts)
-        elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
-            src = f"the pre-trained agent {self.opts.agent!r}" if server["pretrained"] else "the agent"
-            raise (AgentFileError if server["pretrained"] else ValueError)(
-                f"{src} takes {int(agent['act_dim']) - 1} previous participants + 1 (state {int(agent['obs_dim'])}), "
-                f"but round {t} has |K'| = {n_prev} (state {obs_dim}); pFedRLLA needs the same number of clients every "
-                "round (sampling.scheme = 'fixed') and the same join ratio, clients and embedding size as the "
-                "pre-training run")
-        obs = torch.stack([torch.cat([e_prev.reshape(-1), e_up[i]]) for i in range(len(rnd["cids"]))])
-        random_phase = not server["pretrained"] and sctx.rnd < self.opts.random_rounds
-        with torch.no_grad():
-            mu = ddpg.policy(agent["actor"], obs)
-        actions = []
-        for i, cid in enumerate(rnd["cids"]):
-            gen = sctx.tree.torch("action", cid)
-            actions.append(ddpg.random_action(act_dim, gen) if random_phase
-                           else ddpg.explore(mu[i], self.opts.noise, gen))
-        targets = torch.stack([similarity_target(e_prev, e_up[i]) for i in range(len(rnd["cids"]))])
-        sctx.stats["server_embedding_seconds"] = t1 - t0
-        sctx.stats["server_agent_seconds"] = time.perf_counter() - t1
-        rnd = {**rnd, "obs": obs, "actions": torch.stack(actions), "targets": targets}
-        return {**server, "embed": emb_state, "agent": agent}, rnd
-
-    def ae_due(self, t: int, pretrained: bool) -> bool:
-        """Auto-encoder schedule: every round up to ``ae_every_round_until`` without pre-training (notes), and
-        every ``ae_every`` rounds otherwise (App. E)."""
-        return (not pretrained and t <= self.opts.ae_every_round_until) or t % self.opts.ae_every == 0
-
-    def agent_updates_due(self, t: int, pretrained: bool) -> int:
-        """DDPG steps after round ``t``: pre-trained: ``finetune_updates`` every ``update_every`` rounds (App. E);
-        otherwise none during the random-action rounds, then ``updates`` every ``update_every`` rounds (notes)."""
-        if t % self.opts.update_every:
-            return 0
-        if pretrained:
-            return self.opts.finetune_updates
-        return self.opts.updates if t >= self.opts.random_rounds else 0
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """Alg. 2: client ``cid``'s personalized model from K' (stored) and its own upload."""
@@ -312,7 +156,7 @@ class PFedRLLA(Method):
         cids = rnd["cids"]
         out = {**server, "round": None}
         if rnd.get("actions") is not None:
-            out = self.learn(out, rnd, replies, sctx)
+            out = learner.learn(self.opts, out, rnd, replies, sctx)
         else:
             sctx.stats["head_weights"] = [[c, [1.0 / (len(rnd["prev_cids"]) + 1)] * (len(rnd["prev_cids"]) + 1)]
                                           for c in cids]
@@ -320,25 +164,6 @@ class PFedRLLA(Method):
         out["store"] = {"cids": list(cids), "params": kept, "sizes": list(rnd["sizes"])}
         sctx.stats["acc_agg"] = sum(float(replies[c].metrics["acc_agg"]) for c in cids) / len(cids)
         return out
-
-    def learn(self, server: State, rnd: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
-        t0 = time.perf_counter()
-        terms = [reward_terms(float(replies[c].metrics["acc_agg"]), rnd["acc_pre"][i], rnd["actions"][i],
-                              rnd["targets"][i], self.opts.acc_tar, self.opts.r3_norm)
-                 for i, c in enumerate(rnd["cids"])]
-        rewards = [reward(tr, self.opts.beta) for tr in terms]
-        agent = ddpg.store(server["agent"], rnd["obs"], rnd["actions"], torch.tensor(rewards), self.opts.buffer)
-        t = sctx.rnd + 1
-        for u in range(self.agent_updates_due(t, server["pretrained"])):
-            agent, info = ddpg.update(agent, sctx.tree.torch("replay", u), self.opts)
-            sctx.stats.update({f"agent_{k}": v for k, v in info.items()})
-        n = len(rewards)
-        sctx.stats.update(reward=sum(rewards) / n, rewards=rewards, r1=sum(x[0] for x in terms) / n,
-                          r2=sum(x[1] for x in terms) / n, r3=sum(x[2] for x in terms) / n,
-                          head_prev_cids=list(rnd["prev_cids"]),
-                          head_weights=[[c, rnd["actions"][i].tolist()] for i, c in enumerate(rnd["cids"])])
-        sctx.stats["server_agent_seconds"] = sctx.stats.get("server_agent_seconds", 0.0) + time.perf_counter() - t0
-        return {**server, "agent": agent}
 
     # ------------------------------------------------------------------------------------------ client
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
