@@ -86,7 +86,7 @@ TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": Sampling
           "log": LogConfig}
 SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": int, "checkpoint_every": int,
            "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str, "store": str,
-           "on_divergence": str, "divergence_factor": float}
+           "on_divergence": str, "divergence_factor": float, "init": str}
 DEVICES = ("cpu", "cuda", "auto")
 BACKEND_NAMES = ("sequential", "processes", "vmap")
 NONFINITE_POLICIES = ("stop", "skip")
@@ -122,6 +122,8 @@ class RunConfig:
     store: str = "memory"
     on_divergence: str = "stop"
     divergence_factor: float = 100.0
+    # initial model weights: a state_dict file (torch.save) loaded in place of the seeded draw; "" = the draw
+    init: str = ""
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -136,6 +138,8 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in SCALARS}
+        if not self.init:  # recorded only when set: configs (and hashes) of runs from the seeded draw stay as before
+            del out["init"]
         for k in TABLES:
             out[k] = _plain({kk: vv for kk, vv in to_table(getattr(self, k)).items() if vv is not None})
         out["options"] = dict(self.options)
@@ -235,6 +239,9 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}")
     if "name" in kwargs:
         check_name(kwargs["name"])
+    if kwargs.get("init") and not Path(kwargs["init"]).is_file():
+        raise ConfigError(f"init: {kwargs['init']} is not a file (a state_dict saved with torch.save; a path "
+                          f"relative to the working directory)")
     cfg = RunConfig(**kwargs)
     try:
         cfg.build_method()  # composition rules (e.g. a transform that needs a global model)

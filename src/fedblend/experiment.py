@@ -369,7 +369,7 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
         return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
                                  cfg.sampling, cfg.eval, backend=backend, device=device or cfg.resolved_device(),
                                  on_nonfinite=cfg.on_nonfinite, on_divergence=cfg.on_divergence,
-                                 divergence_factor=cfg.divergence_factor)
+                                 divergence_factor=cfg.divergence_factor, init=cfg.init)
     except (MemoryError, RuntimeError) as exc:
         if not _out_of_memory(exc):
             raise

@@ -58,7 +58,7 @@ from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData
-from fedblend.models.zoo import build_model, model_params
+from fedblend.models.zoo import initial_model, model_params
 
 EVAL_LOSSES = ("loss", "global_loss", "val_loss", "val_global_loss")  # held to the divergence bound
 LOSS_NAMES = {"loss": "the personalized models' test loss", "global_loss": "the global model's test loss",
@@ -99,9 +99,9 @@ class Simulation:
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
                backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop",
                store: ClientStore | None = None, on_divergence: str = "stop",
-               divergence_factor: float = 100.0) -> Simulation:
+               divergence_factor: float = 100.0, init: str = "") -> Simulation:
         tree = SeedTree(seed)
-        model = build_model(model_name, fed.info, tree.torch("model-init")).to(device)
+        model = initial_model(model_name, fed.info, tree.torch("model-init"), init).to(device)
         model.requires_grad_(False)
         method.check_model(model)
         run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,

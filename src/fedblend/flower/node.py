@@ -40,7 +40,7 @@ from fedblend.core.method import RunInfo
 from fedblend.data.federated import ClientData, build_federated
 from fedblend.data.sources import load_dataset
 from fedblend.flower.wire import VERSION_KEY, fingerprint, shape_errors
-from fedblend.models.zoo import build_model, model_params
+from fedblend.models.zoo import initial_model, model_params
 
 
 class NodeDataError(ValueError):
@@ -92,7 +92,7 @@ class Node:
         self.cids = sorted(data)
         self.fingerprints = {c: fingerprint(d) for c, d in data.items()}
         tree = SeedTree(cfg.seed)
-        model = build_model(cfg.model, info, tree.torch("model-init"))
+        model = initial_model(cfg.model, info, tree.torch("model-init"), cfg.init)
         model.requires_grad_(False)
         self.run = RunInfo(model=model, init_params=model_params(model), train=cfg.train,
                            num_clients=info["num_clients"], rounds=cfg.rounds, seed=cfg.seed, device="cpu")

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedblend.common.errors import ConfigError
 from fedblend.common import plugins
 from fedblend.common.params import Params, layer_of
 
@@ -234,6 +236,40 @@ def build_model(name: str, info: dict, generator: torch.Generator | None = None)
                                   f"fedblend.models.zoo.FedModel (layers, head_layers, features(), head())")
     if generator is not None:
         init_params(model, generator)
+    return model
+
+
+def load_initial_weights(model: nn.Module, path: str) -> None:
+    """Copy the weights saved at ``path`` (a ``state_dict`` written by ``torch.save``, tensors only) into ``model``
+    in place of its seeded draw (the config's ``init``). Every parameter and buffer must be there, with the
+    model's shape; an extra or missing name, or a shape that differs, is a ``ConfigError`` naming them."""
+    if not Path(path).is_file():
+        raise ConfigError(f"init: {path} is not a file (a state_dict saved with torch.save)")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a corrupt or non-torch file: one line, not pickle's traceback
+        raise ConfigError(f"init: {path} is not a readable torch file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(saved, dict) or not all(isinstance(v, torch.Tensor) for v in saved.values()):
+        raise ConfigError(f"init: {path} must hold a state_dict (a dict of tensor names to tensors)")
+    own = model.state_dict()
+    missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    if missing or extra:
+        raise ConfigError(f"init: {path} does not fit the model: missing {missing or 'nothing'}, "
+                         f"unexpected {extra or 'nothing'} (the model's names: {sorted(own)})")
+    bad = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in own.items() if saved[k].shape != v.shape]
+    if bad:
+        raise ConfigError(f"init: {path} has tensors of other shapes than the model's: {', '.join(bad)}")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(saved[k].to(v.dtype))
+
+
+def initial_model(name: str, info: dict, generator: torch.Generator, init: str = "") -> FedModel:
+    """The run's initial model: ``name`` drawn from ``generator`` (the seed tree's ``model-init`` stream), or,
+    with ``init`` set, the weights of that file (:func:`load_initial_weights`)."""
+    model = build_model(name, info, generator)
+    if init:
+        load_initial_weights(model, init)
     return model
 
 
