@@ -81,13 +81,14 @@ PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
 NO_PROXY_VARS = ("no_proxy", "NO_PROXY", "no_grpc_proxy")
 
 
-def loopback_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the loopback addresses the local federation uses added to every no-proxy list (gRPC reads
-    ``no_grpc_proxy``, else ``no_proxy``), so a proxy set for the internet never sees its traffic."""
+def loopback_env(env: dict[str, str], extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """``env`` with the loopback addresses the local federation uses (and ``extra`` ones, e.g. the SuperLink's
+    address in a network namespace) added to every no-proxy list (gRPC reads ``no_grpc_proxy``, else
+    ``no_proxy``), so a proxy set for the internet never sees its traffic."""
     out = dict(env)
     for var in NO_PROXY_VARS:
         have = [h.strip() for h in out.get(var, "").split(",") if h.strip()]
-        out[var] = ",".join(have + [h for h in LOOPBACK if h not in have])
+        out[var] = ",".join(have + [h for h in (*LOOPBACK, *extra) if h not in have])
     return out
 
 
@@ -124,7 +125,11 @@ def _bin(name: str) -> str:
 
 @dataclass
 class LocalFederation:
-    """A SuperLink and SuperNodes on loopback, as child processes (each in its own process group)."""
+    """A SuperLink and SuperNodes as child processes (each in its own process group): on loopback, or as hosts of
+    their own. ``address`` is where the SuperLink listens and what the nodes and the ``flwr`` CLI dial;
+    ``netns`` puts a process in a network namespace (``ip netns exec``; keys ``"superlink"``,
+    ``"supernode-K"``, ``"flwr"``), so that processes on one machine reach each other only over the links
+    between their namespaces, as separate hosts do (tests/test_flower_netns.py)."""
 
     base: Path
     port: int = 0
@@ -132,6 +137,8 @@ class LocalFederation:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     tls: dict | None = None  # {"ca": path, "cert": path, "key": path} for TLS
     auth: bool = False  # SuperNode authentication (needs tls)
+    address: str = "127.0.0.1"
+    netns: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.base.mkdir(parents=True, exist_ok=True)
@@ -140,22 +147,28 @@ class LocalFederation:
         home.mkdir(exist_ok=True)
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # Flower's own
         self.env = loopback_env({**os.environ, "PATH": path, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1",
-                                 **self.env})
+                                 **self.env}, (self.address,))
         conn = [f"[superlink]\ndefault = \"{CONNECTION}\"\n", f"[superlink.{CONNECTION}]",
-                f"address = \"127.0.0.1:{self.port}\""]
+                f"address = \"{self.address}:{self.port}\""]
         conn.append(f"root-certificates = \"{self.tls['ca']}\"" if self.tls else "insecure = true")
         (home / "config.toml").write_text("\n".join(conn) + "\n")
 
+    def _in_ns(self, name: str, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside process ``name``'s network namespace, if it has one (``ip netns exec`` execs the
+        command: same process, so its process group and signals work as without it)."""
+        ns = self.netns.get(name)
+        return ["ip", "netns", "exec", ns, *cmd] if ns else cmd
+
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
         log = open(self.base / f"{name}.log", "ab")  # noqa: SIM115 - closed by the child's exit
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.base,
+        p = subprocess.Popen(self._in_ns(name, cmd), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.base,
                              start_new_session=True)
         log.close()
         self.procs[name] = p
         return p
 
     def start_superlink(self) -> None:
-        cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [_bin("flower-superlink"), "--host", self.address, "--port", str(self.port),
                "--database", str(self.base / "superlink.db")]
         if self.tls:
             cmd += ["--ssl-ca-certfile", self.tls["ca"], "--ssl-certfile", self.tls["cert"],
@@ -169,7 +182,7 @@ class LocalFederation:
 
     def start_supernode(self, k: int, node_config: str, key: str | None = None) -> subprocess.Popen:
         """SuperNode ``k`` with ``node_config``; ``key``: its private key file (SuperNode authentication)."""
-        cmd = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+        cmd = [_bin("flower-supernode"), "--superlink", f"{self.address}:{self.port}", "--host", "127.0.0.1",
                "--port", str(free_port()), "--node-config", node_config, "--max-retries", "0"]
         cmd += ["--root-certificates", self.tls["ca"]] if self.tls else ["--insecure"]
         if key:
@@ -182,15 +195,22 @@ class LocalFederation:
             if self.procs[name].poll() is not None:
                 raise DeployError(f"{name} exited (code {self.procs[name].returncode}); see "
                                   f"{self.base / (name + '.log')}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
+            if self._port_open(name, port):
+                return
             time.sleep(0.2)
         raise DeployError(f"{name} did not open port {port} in {timeout:.0f}s; see {self.base / (name + '.log')}")
 
+    def _port_open(self, name: str, port: int) -> bool:
+        """Whether ``address:port`` accepts a connection, seen from process ``name``'s namespace."""
+        if not self.netns.get(name):
+            with socket.socket() as s:
+                return s.connect_ex((self.address, port)) == 0
+        probe = f"import socket; socket.create_connection(({self.address!r}, {port}), 2)"
+        return subprocess.run(self._in_ns(name, [sys.executable, "-c", probe]), capture_output=True).returncode == 0
+
     def flwr(self, *args: str, timeout: float | None = None, log: str = "flwr-run") -> subprocess.CompletedProcess:
         with open(self.base / f"{log}.log", "ab") as f:
-            return subprocess.run([_bin("flwr"), *args], stdout=f, stderr=subprocess.STDOUT, env=self.env,
+            return subprocess.run(self._in_ns("flwr", [_bin("flwr"), *args]), stdout=f, stderr=subprocess.STDOUT, env=self.env,
                                   cwd=self.base, timeout=timeout)
 
     def flwr_following(self, *args: str, timeout: float | None, follow: Path,
@@ -201,7 +221,7 @@ class LocalFederation:
             return self.flwr(*args, timeout=timeout, log=log)
         reader = MetricsFollower(follow)
         with open(self.base / f"{log}.log", "ab") as f:
-            p = subprocess.Popen([_bin("flwr"), *args], stdout=f, stderr=subprocess.STDOUT, env=self.env,
+            p = subprocess.Popen(self._in_ns("flwr", [_bin("flwr"), *args]), stdout=f, stderr=subprocess.STDOUT, env=self.env,
                                  cwd=self.base)
             t0 = time.monotonic()
             try:
