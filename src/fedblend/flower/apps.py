@@ -10,7 +10,9 @@ Both read the run config of the generated app (:func:`fedblend.flower.deploy.wri
 * ``data-dir``: the dataset directory ("" = $FEDBLEND_DATA);
 * ``num-nodes``: SuperNodes to wait for before round 1; ``timeout``: seconds to wait for a node's answer in an
   exchange; ``min-clients``: fewer answers stop the run; ``threads``: torch threads on the server and, unless
-  a node's config says otherwise, on the nodes (1, as ``fedblend run --threads 1``, for equal results).
+  a node's config says otherwise, on the nodes (1, as ``fedblend run --threads 1``, for equal results);
+  ``poll``: seconds between the ServerApp's pulls of the replies (default 0.2; Flower's ``send_and_receive``
+  waits 3 s between pulls).
 
 The ServerApp is :func:`fedblend.experiment.run_experiment` with the :class:`~fedblend.flower.backend.
 FlowerBackend`: the engine's one round loop, its sampling and every random stream from the config's seed (never
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -57,7 +60,7 @@ def server_main(grid: Grid, context: Context) -> None:
     keep = max(2, 2 * cfg.checkpoint_every + 2)  # state versions a node keeps per client (covers a resume)
     backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
-                            keep=keep)
+                            keep=keep, poll=float(rc.get("poll", 0.2)))
     summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
                              force=bool(rc.get("force", False)), backend=backend)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
@@ -81,6 +84,19 @@ def _log_to_stderr() -> None:
 _NODES: dict[str, Node] = {}  # per process (a ClientApp process may answer several messages)
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``; None elsewhere): at the first line of fedblend's
+    handler, what the interpreter, the imports (flwr, torch, fedblend) and Flower's setup cost."""
+    import os
+
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
+
+
 def _node(msg: Message, context: Context) -> tuple[Node, dict]:
     _, meta = unpack(msg.content, "jobs" if "jobs" in msg.content.array_records else "hello")
     key = f"{meta['run_key']}/{context.node_id}"
@@ -90,13 +106,21 @@ def _node(msg: Message, context: Context) -> tuple[Node, dict]:
 
 
 def answer(msg: Message, context: Context) -> Message:
-    """The node's reply to a server message (greeting or job batch); an error reply if the node cannot serve."""
+    """The node's reply to a server message (greeting or job batch); an error reply if the node cannot serve.
+    A job batch's reply carries its timings (``process_age`` at entry, ``node_load``, ``work``; seconds)."""
     try:
+        age = process_age()
+        t0 = time.perf_counter()
         node, meta = _node(msg, context)
         if "hello" in msg.content.array_records:
             return Message(content("hello", node.hello()), reply_to=msg)
+        t1 = time.perf_counter()
         jobs, _ = unpack(msg.content, "jobs")
-        return Message(content("results", node.handle(jobs, int(meta.get("keep", 2)))), reply_to=msg)
+        results = node.handle(jobs, int(meta.get("keep", 2)))
+        timing = {"node_load": round(t1 - t0, 4), "work": round(time.perf_counter() - t1, 4)}
+        if age is not None:
+            timing["process_age"] = age
+        return Message(content("results", results, **timing), reply_to=msg)
     except Exception as exc:  # noqa: BLE001 - the server records it and goes on without this node
         return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
 

@@ -9,8 +9,13 @@ The engine (:class:`~fedblend.core.engine.Simulation`) runs its one round loop u
    the run goes on with the others. A node that names clients another node serves takes them over (a node
    restarted with the same partition-id gets a new node id, while the dead one may still look alive).
 2. ``run``: the jobs of a round are grouped per node (client ``c`` goes to the node that serves it) and sent as
-   one Flower message per node (``train`` or ``evaluate``) with ``grid.send_and_receive``; the replies that
-   arrive within ``timeout`` seconds are decoded. A client whose node is gone, did not answer in time, reported
+   one Flower message per node (``train`` or ``evaluate``), pushed with ``grid.push_messages`` and collected
+   with ``grid.pull_messages`` every ``poll`` seconds (Flower's ``send_and_receive`` polls every 3 s, which a
+   small exchange pays in full; ``poll=None`` uses it); the replies that arrive within ``timeout`` seconds are
+   decoded. Each node's reply says how long its ClientApp process had lived when fedblend's code started
+   (interpreter start, imports of flwr, torch and fedblend, Flower's setup), how long the node took to load its
+   clients and how long the clients' work took; ``flower_exchanges`` in metrics.jsonl keeps these per exchange
+   beside its wall time (timings only, never results). A client whose node is gone, did not answer in time, reported
    an error, or sent tensors of the wrong shapes gets no result (``None``): the engine leaves it out of the
    round (``dropped_clients`` in metrics.jsonl) and :meth:`report` says why (``flower_faults``). Fewer answers
    than ``min_clients`` in an exchange of several clients stops the run with an error (resume it from its
@@ -48,8 +53,9 @@ class FlowerBackend:
     name = "flower"
 
     def __init__(self, grid: Any, run_key: str, nodes: int = 1, timeout: float = 600.0, min_clients: int = 1,
-                 keep: int = 2, wait_nodes: float = 300.0, log=None):
-        self.grid, self.run_key, self.nodes = grid, run_key, nodes
+                 keep: int = 2, wait_nodes: float = 300.0, log=None, poll: float | None = None):
+        self.grid, self.run_key, self.nodes, self.poll = grid, run_key, nodes, poll
+        self.exchanges: list[dict] = []  # timings of the exchanges since the last report
         self.timeout, self.min_clients, self.keep, self.wait_nodes = timeout, min_clients, keep, wait_nodes
         self.owner: dict[int, int] = {}  # client id -> node id
         self.known: set[int] = set()  # node ids greeted (accepted or refused)
@@ -84,7 +90,7 @@ class FlowerBackend:
             return
         msgs = [FlowerMessage(content=content("hello", {}, run_key=self.run_key), dst_node_id=nid,
                               message_type="query") for nid in new]
-        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.wait_nodes)}
+        replies = self._exchange(msgs, self.wait_nodes)
         for nid in new:
             self.known.add(nid)
             reply = replies.get(nid)
@@ -139,7 +145,11 @@ class FlowerBackend:
             kind = "evaluate" if all(jobs[i].phase == EVALUATE for i in idx) else "train"
             msgs.append(FlowerMessage(content=content("jobs", batch, run_key=self.run_key, keep=self.keep),
                                       dst_node_id=nid, message_type=kind, group_id=str(jobs[idx[0]].rnd)))
-        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
+        t0 = time.monotonic()
+        replies = self._exchange(msgs, self.timeout)
+        timing: dict[str, Any] = {"phase": "evaluate" if all(j.phase == EVALUATE for j in jobs) else "train",
+                                  "seconds": round(time.monotonic() - t0, 4), "nodes": {}}
+        self.exchanges.append(timing)
         for nid, idx in per.items():
             cids = [jobs[i].cid for i in idx]
             reply = replies.get(nid)
@@ -150,7 +160,8 @@ class FlowerBackend:
             if reply.has_error():
                 self._fault(f"node error: {reply.error.reason}", node=nid, clients=cids)
                 continue
-            results, _ = unpack(reply.content, "results")
+            results, meta = unpack(reply.content, "results")
+            timing["nodes"][str(nid)] = {k: meta[k] for k in ("process_age", "node_load", "work") if k in meta}
             by_cid = {int(r["cid"]): r for r in results if r.get("cid") is not None}
             for i in idx:
                 out[i] = self._result(jobs[i], by_cid.get(jobs[i].cid), nid)
@@ -160,6 +171,22 @@ class FlowerBackend:
                                  f"min_clients={self.min_clients}; the run stopped (resume it from its checkpoint "
                                  f"once the nodes are back)")
         return out
+
+    def _exchange(self, msgs: list[FlowerMessage], timeout: float) -> dict[int, FlowerMessage]:
+        """Send ``msgs`` and collect the replies that arrive within ``timeout`` seconds, by source node id."""
+        if self.poll is None:
+            return {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=timeout)}
+        pending = set(self.grid.push_messages(msgs))
+        end = time.monotonic() + timeout
+        got: dict[int, FlowerMessage] = {}
+        while pending:
+            for m in self.grid.pull_messages(pending):
+                got[m.metadata.src_node_id] = m
+                pending.discard(m.metadata.reply_to_message_id)
+            if not pending or time.monotonic() >= end:
+                break
+            time.sleep(self.poll)
+        return got
 
     def _result(self, job: ClientJob, r: dict | None, nid: int) -> ClientResult | None:
         if r is None:
@@ -179,9 +206,14 @@ class FlowerBackend:
         return ClientResult(reply, state, dict(r.get("stats") or {}))
 
     def report(self) -> dict:
-        """The faults noticed since the last call (the engine adds them to the round's metrics)."""
+        """The faults noticed and the exchanges' timings since the last call (the engine adds them to the round's
+        metrics)."""
         faults, self.faults = self.faults, []
-        return {"flower_faults": faults} if faults else {}
+        exchanges, self.exchanges = self.exchanges, []
+        out: dict[str, Any] = {"flower_faults": faults} if faults else {}
+        if exchanges:
+            out["flower_exchanges"] = exchanges
+        return out
 
     def close(self) -> None:
         pass

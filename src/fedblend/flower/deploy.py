@@ -37,6 +37,7 @@ from fedblend.common.errors import FedblendError
 from fedblend.config import RunConfig
 
 CONNECTION = "fedblend-local"
+SUPEREXEC_POLL = 0.1  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes deploy starts (Flower's default: 1.0)
 log = logging.getLogger("fedblend.deploy")
 
 
@@ -50,7 +51,7 @@ def _toml_str(s: str) -> str:
 
 def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: str | Path | None = None,
               nodes: int = 1, timeout: float = 600.0, min_clients: int = 1, threads: int = 1,
-              resume: bool = False, force: bool = False) -> Path:
+              resume: bool = False, force: bool = False, poll: float = 0.2) -> Path:
     """Write the Flower app of ``cfg`` to ``app_dir`` (its run config: see :mod:`fedblend.flower.apps`)."""
     app = Path(app_dir)
     app.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: st
         "out": str(Path(out).resolve()),
         "data-dir": str(Path(data_dir).resolve()) if data_dir else "",
         "num-nodes": int(nodes), "timeout": float(timeout), "min-clients": int(min_clients),
-        "threads": int(threads), "resume": bool(resume), "force": bool(force),
+        "threads": int(threads), "resume": bool(resume), "force": bool(force), "poll": float(poll),
     }
     lines = [f"{k} = {_toml_str(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
              for k, v in values.items()]
@@ -311,10 +312,14 @@ def local_federation(base: Path, **kw):
 def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Path | None = None,
                  timeout: float = 600.0, min_clients: int = 1, threads: int = 1, resume: bool = False,
                  force: bool = False, run_timeout: float | None = None,
-                 progress: Callable[[dict, Any], None] | None = None) -> dict:
+                 progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
+                 superexec_poll: float = SUPEREXEC_POLL) -> dict:
     """``fedblend deploy``: run ``cfg`` on a loopback Flower federation of ``nodes`` SuperNodes; returns the
     run's summary.json. ``progress(row, None)`` hears every metrics row as the ServerApp writes it to
-    ``OUT/metrics.jsonl`` (the command's round display)."""
+    ``OUT/metrics.jsonl`` (the command's round display). ``poll``: seconds between the ServerApp's pulls of
+    replies (Flower's ``send_and_receive``: 3); ``superexec_poll``: Flower's supported knob
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, how often the SuperExecs look for a ServerApp / ClientApp to start
+    (Flower's default: 1 s)."""
     from fedblend.experiment import check_out_dir
     from fedblend.rundir import DirLock, RunLockedError, locked_by
 
@@ -330,15 +335,16 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     work = out.parent / f".{out.name}.flower"
     with DirLock(work, "deploy work folder"):
         return _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
-                              run_timeout, progress)
+                              run_timeout, progress, poll, superexec_poll)
 
 
 def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, timeout: float, min_clients: int,
                    threads: int, resume: bool, force: bool, run_timeout: float | None,
-                   progress: Callable[[dict, Any], None] | None = None) -> dict:
+                   progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
+                   superexec_poll: float = SUPEREXEC_POLL) -> dict:
     shutil.rmtree(work / "flwr-home", ignore_errors=True)
-    app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force)
-    with local_federation(work) as fed:
+    app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force, poll)
+    with local_federation(work, env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(superexec_poll)}) as fed:
         fed.start_superlink()
         log.info("SuperLink on 127.0.0.1:%d; starting %d SuperNode(s); logs in %s", fed.port, nodes, work)
         for k in range(nodes):
