@@ -8,7 +8,8 @@ Reads ``RUN_DIR/checkpoint.pt`` (every client's current W, ``cstate["ala"]``) an
 
 * one row per ALA layer: on the left the histogram of W pooled over all clients at the checkpoint, on the
   right the median and the 10-90 % band of W (client means) across rounds, and each client's own median
-  trajectory from its ``cstate["ala"]["history"]``;
+  trajectory from the rounds' ``stats_per_client`` (each learning client's ``ala_w_q50.<layer>``; runs recorded
+  before that field existed kept it in ``cstate["ala"]["history"]``, read from the checkpoint instead);
 * bottom row: ALA's share of the round's client work (the ``ala_share`` metric; for runs recorded before it existed,
   ``ala_seconds * len(selected) / seconds``), and the number
   of weight-learning epochs per round.
@@ -38,6 +39,25 @@ def load(run: Path) -> tuple[dict, list[dict]]:
 
 def layer_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
+
+
+def client_medians(metrics: list[dict], clients: dict, layer: str) -> dict[int, list[tuple[int, float]]]:
+    """Each client's median W of ``layer`` per round it learned W in: ``{client: [(round, median), ...]}``, from
+    the metrics rows' ``stats_per_client`` (or, for runs recorded before it, the checkpoint's per-client
+    ``history``)."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    key = f"ala_w_q50.{layer}"
+    for m in metrics:
+        pc = m.get("stats_per_client") or {}
+        for cid, v in zip(pc.get("clients", ()), pc.get(key, ())):
+            if v is not None:
+                out.setdefault(int(cid), []).append((m["round"], v))
+    if not out:  # an older run: the per-round summary was kept in each client's state
+        for cid, a in clients.items():
+            hist = [(h["round"], h["w"][layer][2]) for h in a.get("history", []) if layer in h["w"]]
+            if hist:
+                out[int(cid)] = hist
+    return out
 
 
 def time_share(metrics: list[dict]) -> list[tuple[int, float | None]]:
@@ -101,11 +121,9 @@ def main() -> int:
             ax.plot(r, [m[f"ala_w_q50.{ly}"] for m in rows], marker=mk, label="median")
             ax.plot(r, [m[f"ala_w_mean.{ly}"] for m in rows], marker=mk, label="mean")
         drawn = bool(rows)
-        for a in clients.values():
-            hist = [h for h in a.get("history", []) if ly in h["w"]]
-            if hist:
-                ax.plot([h["round"] for h in hist], [h["w"][ly][2] for h in hist], color="grey", lw=0.5, alpha=0.5)
-                drawn = True
+        for traj in client_medians(metrics, clients, ly).values():
+            ax.plot([r for r, _ in traj], [v for _, v in traj], color="grey", lw=0.5, alpha=0.5)
+            drawn = True
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"W of {ly} across rounds" + ("\n(grey: each client's median)" if drawn and not rows else ""),
                      fontsize=10)

@@ -157,7 +157,7 @@ def test_initial_stage_stops_by_rule_or_cap_and_later_rounds_learn_one_epoch():
         warnings.simplefilter("error")
         _, cs = t.apply(None, dict(glob), cs, ctx := _ctx(model, x, y, rnd=2))
     assert ctx.stats["ala_epochs"] == 1 and ctx.stats["ala_initial"] == 0.0
-    assert [h["round"] for h in cs["ala"]["history"]] == [2, 3]
+    assert set(cs["ala"]) == {"weights", "initial_done"}  # no per-round record in the state (issue 22)
 
 
 def test_skipped_when_global_equals_local():
@@ -204,9 +204,42 @@ def test_weights_persist_across_rounds_and_checkpoints(tiny_fed, tmp_path):
     for cid in range(tiny_fed.num_clients):
         wf, wr = full.store.get(cid)["ala"]["weights"], resumed.store.get(cid)["ala"]["weights"]
         assert all(torch.equal(wf[n], wr[n]) for n in wf)
-        assert [h["round"] for h in full.store.get(cid)["ala"]["history"]] == [2, 3, 4]
+        assert set(full.store.get(cid)["ala"]) == {"weights", "initial_done"}
+    # each learning client's diagnostics are in its round's metrics, resumed or not (W is learned from round 2)
+    for run in (full, resumed):
+        assert "stats_per_client" not in run.history[0]
+        for m in run.history[1:]:
+            pc = m["stats_per_client"]
+            assert pc["clients"] == m["selected"] == list(range(tiny_fed.num_clients))
+            assert m["ala_epochs"] == sum(pc["ala_epochs"]) / len(pc["clients"])
+            assert all(len(v) == len(pc["clients"]) for v in pc.values())
+            assert any(k.startswith("ala_w_q50.") for k in pc) and "ala_seconds" not in pc
+    assert [m["stats_per_client"] for m in full.history[1:]] == [m["stats_per_client"] for m in resumed.history[1:]]
     assert all(torch.equal(full.server["global"][n], resumed.server["global"][n]) for n in full.server["global"])
     assert [m["acc"] for m in full.history] == [m["acc"] for m in resumed.history]
+
+
+def _state_bytes(state) -> int:
+    """Size of a client state as it is checkpointed and shipped (``torch.save``)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return len(buf.getvalue())
+
+
+def test_client_state_size_does_not_grow_with_rounds(tiny_fed):
+    """Issue 22: ALA keeps only what the next round needs (W and the stage flag) in the client state; per-round
+    diagnostics go to the round's metrics (``stats_per_client``), so the state does not grow with the rounds."""
+    sim = tiny_sim(tiny_fed, "fedala", options={"eta": 2.0}, rounds=4)
+    sim.run_round()
+    sim.run_round()
+    after2 = {cid: _state_bytes(sim.store.get(cid)) for cid in range(tiny_fed.num_clients)}
+    assert all(sim.store.get(cid)["ala"]["weights"] is not None for cid in after2)  # W learned by round 2
+    sim.run_round()
+    sim.run_round()
+    after4 = {cid: _state_bytes(sim.store.get(cid)) for cid in range(tiny_fed.num_clients)}
+    assert after4 == after2
 
 
 def test_fedala_is_fedavg_plus_ala_and_composes(tiny_fed):

@@ -356,3 +356,15 @@ def test_sigterm_stops_a_background_run_at_its_checkpoint(tmp_path):
     rows = len(_history(out))
     run_experiment(cfg, tmp_path / "ref", stop_after=rows)
     assert rows >= 5 and _history(out) == _history(tmp_path / "ref")
+
+
+def test_dotted_keys_flattens_nested_tables_once_for_config_report_and_tracking():
+    """One shared flattener (``common.jsonio.dotted_keys``) for config diffs, report labels and tracker params."""
+    import fedblend.cli.report as report_mod
+    import fedblend.config as config_mod
+    import fedblend.tracking as tracking_mod
+    from fedblend.common.jsonio import dotted_keys
+
+    assert dotted_keys({"a": 1, "t": {"b": [1, 2], "u": {"c": None}}}) == {"a": 1, "t.b": [1, 2], "t.u.c": None}
+    assert dotted_keys(None) == {} and dotted_keys({}, "x.") == {}
+    assert all(m.dotted_keys is dotted_keys for m in (report_mod, config_mod, tracking_mod))

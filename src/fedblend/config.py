@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
+from fedblend.common.jsonio import dotted_keys
 from fedblend.common.options import ConfigError, check_value, from_table, to_table
 from fedblend.common.plugins import PluginError
 from fedblend.core.evaluation import EvalProtocol
@@ -334,22 +335,12 @@ def config_hash(resolved: dict[str, Any]) -> str:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
     """``"field: old -> new"`` for every dotted field that differs between two resolved configs."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = dotted_keys(old), dotted_keys(new)
     return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
             if k not in ignore and k.split(".")[0] not in ignore and a.get(k, _UNSET) != b.get(k, _UNSET)]
 
 
 _UNSET = object()
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def _plain(table: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedblend.common.errors import ConfigError, UserFileError
-from fedblend.common.jsonio import read_json_object, read_jsonl
+from fedblend.common.jsonio import dotted_keys, read_json_object, read_jsonl
 
 TB_DIR = "tensorboard"
 
@@ -96,16 +96,6 @@ def _mlflow():
     return MlflowClient
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
 class MLflowLog:
     """Logs metrics rows to an MLflow run (one per results directory: its id is kept in ``OUT/.mlflow_run``, so a
     resumed run continues the same MLflow run). ``uri`` empty: a local file store in ``out/mlruns``."""
@@ -142,7 +132,7 @@ class MLflowLog:
             self.run_id = self.client.create_run(eid, run_name=name, tags=tags).info.run_id
             from mlflow.entities import Param
 
-            params = [Param(k[:250], str(v)[:6000]) for k, v in _flat(cfg).items()]
+            params = [Param(k[:250], str(v)[:6000]) for k, v in dotted_keys(cfg).items()]
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
             id_file.parent.mkdir(parents=True, exist_ok=True)

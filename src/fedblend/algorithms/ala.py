@@ -58,16 +58,19 @@ from fedblend.models.zoo import FedModel
 # ------------------------------------------------------------------------------------------------ the transform
 @register_transform
 class ALA(ClientTransform):
-    """ALA as a client transform: ``cstate["ala"] = {"weights", "initial_done", "history"}``."""
+    """ALA as a client transform: ``cstate["ala"] = {"weights", "initial_done"}``, what the next round needs and
+    nothing that grows with the rounds; the per-round diagnostics (epochs, loss, W quantiles) are client stats,
+    kept per client in the round's metrics (``stats_per_client``)."""
 
     name = "ala"
     options_cls = ALAOptions
     needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
     requires_global = True  # theta_global of Eq. 2: a global model to blend from
     own_loop = True  # W is learned by its own loop (Eq. 5), plain code on the client before the TrainSpec
+    per_client_stats = ("ala_epochs", "ala_loss", "ala_w_")  # each learning client's record, in the round's metrics
 
     def init_state(self) -> State:
-        return {"weights": None, "initial_done": False, "history": []}
+        return {"weights": None, "initial_done": False}
 
     def check_model(self, method: Method, model: FedModel) -> None:
         if not 1 <= self.opts.p <= len(model.layers):
@@ -122,6 +125,7 @@ class ALA(ClientTransform):
     def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
         t0 = time.perf_counter()
         st = cstate.get(self.key) or self.init_state()
+        st = {k: v for k, v in st.items() if k != "history"}  # a state saved before issue 22 carried a history
         hat, st, res = self._run(params, cstate["params"], st, ctx)
         stats: dict[str, Any] = {"ala_skipped": float(res is None)}
         if res is not None:
@@ -131,8 +135,6 @@ class ALA(ClientTransform):
             for layer, (mean, q10, q50, q90) in summary.items():
                 stats.update({f"ala_w_mean.{layer}": mean, f"ala_w_q10.{layer}": q10,
                               f"ala_w_q50.{layer}": q50, f"ala_w_q90.{layer}": q90})
-            st = {**st, "history": list(st["history"]) + [
-                {"round": ctx.rnd + 1, "epochs": res.epochs, "loss": stats["ala_loss"], "w": summary}]}
         stats["ala_seconds"] = time.perf_counter() - t0
         ctx.stats.update(stats)
         return hat, {**cstate, self.key: st}

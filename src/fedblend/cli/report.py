@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedblend.common.errors import ConfigError, UserFileError
-from fedblend.common.jsonio import dumps, read_json_object, read_jsonl
+from fedblend.common.jsonio import dotted_keys, dumps, read_json_object, read_jsonl
 from fedblend.config import config_hash
 from fedblend.rundir import DirLock
 
@@ -169,20 +169,10 @@ def legend_labels(rows: list[dict]) -> list[str]:
         if twins:
             ignore = ("seed", "name", "log", "backend", "workers", "store")
             keys = sorted({d.split(":")[0] for t in twins for d in config_diff(t["_config"], row["_config"], ignore)})
-            flat = _flat(row["_config"])
+            flat = dotted_keys(row["_config"])
             diff = ", ".join(f"{k}={flat.get(k, '-')}" for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
             name += f" ({diff or row['label']})"
         out.append(name)
-    return out
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out: dict = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,18 @@ def finite_or_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_or_none(v) for v in obj]
     return obj
+
+
+def dotted_keys(d: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping (a config, a metrics row) flattened to dotted keys: ``{"a": {"b": 1}}`` ->
+    ``{"a.b": 1}``; only mappings are descended into (lists stay values); None is empty."""
+    out: dict[str, Any] = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, Mapping):
+            out.update(dotted_keys(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
 
 
 def dumps(obj: Any, **kwargs: Any) -> str:

@@ -17,7 +17,9 @@ Per round ``t`` (0-based internally, reported 1-based):
 3. every ``eval.every`` rounds (and at the last), every client evaluates its personalized model (and the global
    model, if the method has one) from an evaluation message, through the backend as well (with
    ``eval.select = "val"`` also on its validation split, as ``val_*`` metrics);
-4. record metrics (accuracy, loss, bytes down/up per client, seconds) and checkpoint every ``k`` rounds.
+4. record metrics (accuracy, loss, bytes down/up per client, seconds; the clients' stats as their mean over the
+   selected clients, and those the method names in ``per_client_stats`` also per client, ``stats_per_client``)
+   and checkpoint every ``k`` rounds.
 
 **Divergence is never a result.** After each round the engine checks for divergence (:meth:`Simulation.diverging`):
 NaN / inf in the server state after aggregation, in a training client's reported losses (``train_loss``,
@@ -248,6 +250,9 @@ class Simulation:
             metrics[key] = _mean([stats[c].get(key) for c in selected])
         metrics.update(sctx.stats)
         metrics.update(_time_shares([stats[c] for c in selected]))
+        per_client = _stats_per_client(selected, stats, self.method.per_client_stats)
+        if per_client:
+            metrics["stats_per_client"] = per_client
         if skipped:
             metrics["nonfinite_clients"] = sorted(set(skipped))
         if dropped:
@@ -460,6 +465,20 @@ def _pool_counts(stats: list[dict]) -> tuple[dict[str, float], set[str]]:
         values[f"{t}_acc"] = sum(int(s.get(f"{t}_correct", 0)) for s in stats) / n if n else float("nan")
         keys |= {f"{t}_correct", f"{t}_n"}
     return values, keys
+
+
+def _stats_per_client(selected: list[int], stats: dict[int, dict], prefixes: tuple[str, ...]) -> dict:
+    """The client stats whose key starts with one of ``prefixes``, per client: ``{"clients": [id, ...], key:
+    [value, ...]}`` over the selected clients that reported any of them (None where a client did not report a
+    key); ``{}`` when none did."""
+    if not prefixes:
+        return {}
+    keys = sorted({k for c in selected for k in stats[c] if k.startswith(prefixes)})
+    cids = [c for c in selected if any(k in stats[c] for k in keys)]
+    if not cids:
+        return {}
+    return {"clients": [int(c) for c in cids],
+            **{k: [None if stats[c].get(k) is None else float(stats[c][k]) for c in cids] for k in keys}}
 
 
 def _mean(values: list) -> float:

@@ -157,6 +157,10 @@ class ClientTransform:
     #: the transform runs its own optimisation loop as plain code on the client (ALA's weight learning), so a
     #: backend that batches TrainSpecs across clients cannot batch that part
     own_loop: ClassVar[bool] = False
+    #: prefixes of the client stats (``ctx.stats`` keys) the round's metrics also keep per client, in
+    #: ``stats_per_client`` (ALA's per-round diagnostics): per-round records belong in the round's metrics, never
+    #: in the client state, which is checkpointed and shipped every round and must not grow with the rounds
+    per_client_stats: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any = None):
         self.opts = options if options is not None else self.options_cls()
@@ -232,6 +236,12 @@ class Method:
     def has_own_loop(self) -> bool:
         """Some client work is plain code outside TrainSpecs (the method's or a transform's own loop)."""
         return self.client_own_loop or any(t.own_loop for t in self.transforms)
+
+    @property
+    def per_client_stats(self) -> tuple[str, ...]:
+        """Prefixes of the client stats the engine records per client (``stats_per_client`` of the round's
+        metrics) besides their mean over the selected clients: those of the transforms."""
+        return tuple(p for t in self.transforms for p in t.per_client_stats)
 
     @property
     def sequential_server(self) -> bool:
