@@ -43,3 +43,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False, help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow (minutes): run with pytest --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -49,10 +49,15 @@ def run_key(resolved: dict, out: str | Path) -> str:
 
 @server_app.main()
 def server_main(grid: Grid, context: Context) -> None:
+    serve(grid, dict(context.run_config))
+
+
+def serve(grid: Grid, rc: dict) -> dict:
+    """Run the method's server half over ``grid`` with the run config ``rc`` (keys: the module docstring's);
+    returns the run's summary. The body of every fedblend ``ServerApp`` (also :mod:`fedblend.flower.blocks`)."""
     from fedblend.experiment import run_experiment
     from fedblend.flower.backend import FlowerBackend
 
-    rc = context.run_config
     _log_to_stderr()
     cfg = run_config_of(rc)
     out = Path(str(rc["out"]))
@@ -65,6 +70,7 @@ def server_main(grid: Grid, context: Context) -> None:
                              force=bool(rc.get("force", False)), backend=backend)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
     print(json.dumps({k: summary.get(k) for k in keys}), flush=True)
+    return summary
 
 
 def _log_to_stderr() -> None:
@@ -97,21 +103,23 @@ def process_age() -> float | None:
     return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
 
 
-def _node(msg: Message, context: Context) -> tuple[Node, dict]:
+def _node(msg: Message, context: Context, run_config: dict | None) -> tuple[Node, dict]:
     _, meta = unpack(msg.content, "jobs" if "jobs" in msg.content.array_records else "hello")
     key = f"{meta['run_key']}/{context.node_id}"
     if key not in _NODES:
-        _NODES[key] = Node(dict(context.run_config), dict(context.node_config), str(meta["run_key"]))
+        rc = dict(context.run_config) if run_config is None else run_config
+        _NODES[key] = Node(rc, dict(context.node_config), str(meta["run_key"]))
     return _NODES[key], meta
 
 
-def answer(msg: Message, context: Context) -> Message:
+def answer(msg: Message, context: Context, run_config: dict | None = None) -> Message:
     """The node's reply to a server message (greeting or job batch); an error reply if the node cannot serve.
-    A job batch's reply carries its timings (``process_age`` at entry, ``node_load``, ``work``; seconds)."""
+    ``run_config``: the run config to use instead of the context's (:mod:`fedblend.flower.blocks`). A job
+    batch's reply carries its timings (``process_age`` at entry, ``node_load``, ``work``; seconds)."""
     try:
         age = process_age()
         t0 = time.perf_counter()
-        node, meta = _node(msg, context)
+        node, meta = _node(msg, context, run_config)
         if "hello" in msg.content.array_records:
             return Message(content("hello", node.hello()), reply_to=msg)
         t1 = time.perf_counter()

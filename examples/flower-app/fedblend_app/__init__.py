@@ -1,0 +1,1 @@
+"""fedblend-flower-app: a fedblend method as a Flower app."""
