@@ -56,3 +56,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def flwr_bin():
+    """Skips with the reason when Flower's executables (the extra) are not installed."""
+    from fedblend.flower.deploy import _bin
+
+    try:
+        _bin("flower-superlink")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(str(exc))

@@ -23,3 +23,11 @@ def run_client(sim, cid: int, msg, rnd: int | None = None, phase: str = "train")
 
     rnd = sim.next_round if rnd is None else rnd
     return sim.client_runtime().handle(ClientJob(phase, cid, rnd, msg, sim.store.get(cid)))
+
+
+def history(out) -> list[dict]:
+    """The rows of a run directory's metrics.jsonl."""
+    import json
+    from pathlib import Path
+
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from tests.helpers import history  # noqa: E402
 from fedblend.algorithms import METHODS  # noqa: E402
 from fedblend.config import load_config  # noqa: E402
 from fedblend.core.checkpoint import load_checkpoint  # noqa: E402
@@ -281,20 +282,6 @@ FMNIST_TINY = ["dataset='fmnist'", "model='mlp'", "rounds=2", "seed=1", "checkpo
                "partition.split='official'", "partition.test_per_client=40", "train.batch_size=20", "train.lr=0.05"]
 
 
-@pytest.fixture
-def flwr_bin():
-    from fedblend.flower.deploy import _bin
-
-    try:
-        _bin("flower-superlink")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(str(exc))
-
-
-def _history(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin, monkeypatch):
     """``fedblend deploy``: a real SuperLink and 2 SuperNodes (processes) on loopback run 2 rounds of FedAvg on
     tiny real FMNIST data; the per-round scores equal ``fedblend run``'s; no process is left behind."""
@@ -305,7 +292,7 @@ def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bi
     run_experiment(cfg, tmp_path / "sim", real_data_dir)
     summary = deploy_local(cfg, tmp_path / "flw", nodes=2, data_dir=real_data_dir, timeout=120, run_timeout=400)
     assert summary["status"] == "finished" and summary["rounds"] == 2
-    sim, flw = _history(tmp_path / "sim"), _history(tmp_path / "flw")
+    sim, flw = history(tmp_path / "sim"), history(tmp_path / "flw")
     for a, b in zip(sim, flw, strict=True):
         assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}
     assert (tmp_path / "flw" / "config.toml").exists() and (tmp_path / "flw" / "partition.json").exists()
@@ -349,11 +336,11 @@ def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin, 
                                stdout=open(work / "flwr-run.log", "wb"), stderr=subprocess.STDOUT)
         try:
             t0 = time.monotonic()
-            while not (out / "metrics.jsonl").exists() or len(_history(out)) < 1:
+            while not (out / "metrics.jsonl").exists() or len(history(out)) < 1:
                 assert time.monotonic() - t0 < 400 and run.poll() is None, "round 1 did not finish"
                 time.sleep(0.5)
             fed.kill("supernode-1")  # round 2 has started
-            while len(_history(out)) < 2:
+            while len(history(out)) < 2:
                 assert time.monotonic() - t0 < 500 and run.poll() is None, "round 2 did not finish"
                 time.sleep(0.5)
             fed.start_supernode(1, cfgs[1])  # back, with its state directory
@@ -361,7 +348,7 @@ def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin, 
         finally:
             if run.poll() is None:
                 run.kill()
-    hist = _history(out)
+    hist = history(out)
     assert [m["round"] for m in hist] == [1, 2, 3, 4]
     assert hist[1]["dropped_clients"] == [1]  # node 1 serves client 1 (c % 2 == 1)
     assert any(1 in f.get("clients", []) for f in hist[1]["flower_faults"])

@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="the Flower extra is not installed (pip install 'fedblend[flower]')")
 
+from tests.helpers import history  # noqa: E402
 from fedblend.cli.main import main  # noqa: E402
 from fedblend.config import load_config  # noqa: E402
 from fedblend.flower import blocks  # noqa: E402
@@ -27,20 +28,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 CONFIG = EXAMPLE / "fedblend_app" / "fedblend.toml"
 SCORES = ("acc", "loss", "train_loss", "global_acc", "bytes_down", "bytes_up", "selected")
-
-
-@pytest.fixture
-def flwr_bin():
-    from fedblend.flower.deploy import _bin
-
-    try:
-        _bin("flower-superlink")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(str(exc))
-
-
-def _history(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_run_config_overrides():
@@ -77,7 +64,7 @@ def test_example_app_equals_fedblend_run(method, tmp_path, flwr_bin, monkeypatch
     assert res.returncode == 0 and (out / "summary.json").exists(), log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["method"] == method and summary["rounds"] == 2, log[-3000:]
-    sim, flw = _history(tmp_path / "sim"), _history(out)
+    sim, flw = history(tmp_path / "sim"), history(out)
     assert len(sim) == len(flw) == 2
     for a, b in zip(sim, flw):
         assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}, method

@@ -16,14 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("flwr", reason="the Flower extra is not installed (pip install 'fedblend[flower]')")
 
 from fedblend.config import load_config  # noqa: E402
-from tests.test_flower import FMNIST_TINY, _children, _history, _logs, flwr_bin  # noqa: E402,F401
+from tests.helpers import history  # noqa: E402
+from tests.test_flower import FMNIST_TINY, _children, _logs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,7 +117,7 @@ def test_tls_auth_deployment_across_namespace_hosts_survives_a_killed_node(hosts
                                stderr=subprocess.STDOUT)
         try:
             t0 = time.monotonic()
-            while not (out / "metrics.jsonl").exists() or len(_history(out)) < 1:
+            while not (out / "metrics.jsonl").exists() or len(history(out)) < 1:
                 assert time.monotonic() - t0 < 600 and run.poll() is None, f"round 1 did not finish\n{_logs(work)}"
                 time.sleep(0.5)
             fed.kill("supernode-2")  # its host goes down after round 1; it does not come back
@@ -125,7 +125,7 @@ def test_tls_auth_deployment_across_namespace_hosts_survives_a_killed_node(hosts
         finally:
             if run.poll() is None:
                 run.kill()
-    hist = _history(out)
+    hist = history(out)
     assert [m["round"] for m in hist] == [1, 2, 3]
     assert "dropped_clients" not in hist[0]
     assert hist[1]["dropped_clients"] == [2] and hist[2]["dropped_clients"] == [2]  # node 2 served client 2
