@@ -163,7 +163,7 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         if not metrics.exists():
             continue
         key = ref.get("fedblend_metric", "acc")  # which of our metrics the reference's curve measures
-        ours = {m["round"]: m[key] for m in map(json.loads, metrics.read_text().splitlines()) if key in m}
+        ours = _curve(metrics, key)
         theirs = dict(zip(ref["rounds"], ref["acc"]))
         common = sorted(set(ours) & set(theirs))
         if not common:
@@ -173,26 +173,42 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         last = common[-1]
         seeds = []
         for extra in sorted(folder.glob("fedblend-seed*/metrics.jsonl")):
-            accs = {m["round"]: m[key] for m in map(json.loads, extra.read_text().splitlines()) if key in m}
+            accs = _curve(extra, key)
             if last in accs:
                 seeds.append(accs[last] * 100)
+        same_init = None  # fedblend started from the reference's initial weights (config init), if run
+        if (folder / "fedblend-pflib-init" / "metrics.jsonl").exists():
+            accs = _curve(folder / "fedblend-pflib-init" / "metrics.jsonl", key)
+            d = [(accs[r] - theirs[r]) * 100 for r in common if r in accs]
+            if len(d) == len(common):
+                w = max(range(len(d)), key=lambda i: abs(d[i]))
+                same_init = {"max_diff": d[w], "max_round": common[w], "ours": accs[last] * 100}
         verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
         rows.append({"method": folder.name + ("" if key == "acc" else f" (`{key}`)"), "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
                      "rounds": len(common), "max_diff": diffs[worst], "max_round": common[worst], "last": last,
                      "ours": ours[last] * 100, "theirs": theirs[last] * 100, "other_seeds": seeds,
+                     "same_init": same_init,
                      "verdict": " ".join(verdict.split())})
     return rows
 
 
+def _curve(metrics: Path, key: str) -> dict[int, float]:
+    """``{round: value of key}`` of a run's metrics.jsonl."""
+    return {m["round"]: m[key] for m in map(json.loads, metrics.read_text().splitlines()) if key in m}
+
+
 def render_validation(repo: Path = REPO) -> str:
     lines = ["| method | reference (repository, commit) | rounds | max per-round difference (points) | "
-             "last round: ours / reference % | other seeds (ours) % | verdict |", "|---|---|---|---|---|---|---|"]
+             "last round: ours / reference % | other seeds (ours) % | from the reference's initial weights: max "
+             "difference; last round ours % | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in validation_rows(repo):
         seeds = " / ".join(f"{v:.2f}" for v in r["other_seeds"]) or "-"
+        si = r["same_init"]
+        same = "-" if si is None else f"{si['max_diff']:+.2f} (round {si['max_round']}); {si['ours']:.2f}"
         lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:+.2f} "
                      f"(round {r['max_round']}) | {r['ours']:.2f} / {r['theirs']:.2f} ({r['ours'] - r['theirs']:+.2f}) "
-                     f"| {seeds} | {r['verdict']} |")
+                     f"| {seeds} | {same} | {r['verdict']} |")
     return "\n".join(lines)
 
 
