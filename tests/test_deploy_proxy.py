@@ -57,14 +57,10 @@ def test_a_failed_run_names_the_process_and_quotes_its_log(tmp_path, monkeypatch
     assert "status 'diverged': round 2: NaN" in msg and "Run failed" in msg
 
 
-def test_deploy_with_a_dead_proxy_equals_fedblend_run(tmp_path, real_data_dir, monkeypatch):
+def test_deploy_with_a_dead_proxy_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin, monkeypatch):
     """The equality path of ``fedblend deploy`` with every proxy variable pointing at a dead port."""
-    from tests.test_flower import FMNIST_TINY, SCORES, _children, _history
-
-    try:
-        deploy._bin("flower-superlink")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(str(exc))
+    from tests.helpers import history
+    from tests.test_flower import FMNIST_TINY, SCORES, _children
     monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     cfg = load_config(None, FMNIST_TINY)
     run_experiment(cfg, tmp_path / "sim", real_data_dir)
@@ -75,7 +71,7 @@ def test_deploy_with_a_dead_proxy_equals_fedblend_run(tmp_path, real_data_dir, m
     summary = deploy.deploy_local(cfg, tmp_path / "flw", nodes=2, data_dir=real_data_dir, timeout=120,
                                   run_timeout=400)
     assert summary["status"] == "finished" and summary["rounds"] == 2
-    for a, b in zip(_history(tmp_path / "sim"), _history(tmp_path / "flw"), strict=True):
+    for a, b in zip(history(tmp_path / "sim"), history(tmp_path / "flw"), strict=True):
         assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}
     assert json.loads((tmp_path / "flw" / "summary.json").read_text())["status"] == "finished"
     assert _children() == []
