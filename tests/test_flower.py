@@ -25,7 +25,6 @@ import torch  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from tests.helpers import history  # noqa: E402
 from fedblend.algorithms import METHODS  # noqa: E402
 from fedblend.config import load_config  # noqa: E402
 from fedblend.core.checkpoint import load_checkpoint  # noqa: E402
@@ -34,6 +33,7 @@ from fedblend.flower import apps  # noqa: E402
 from fedblend.flower.backend import FlowerBackend  # noqa: E402
 from fedblend.flower.node import Node  # noqa: E402
 from fedblend.flower.wire import from_record, shape_errors, to_record  # noqa: E402
+from tests.helpers import history  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

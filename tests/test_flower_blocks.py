@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("flwr", reason="the Flower extra is not installed (pip install 'fedblend[flower]')")
 
-from tests.helpers import history  # noqa: E402
 from fedblend.cli.main import main  # noqa: E402
 from fedblend.config import load_config  # noqa: E402
 from fedblend.flower import blocks  # noqa: E402
+from tests.helpers import history  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedblend.algorithms.dbe import PRBM, fold_bias, mean_regulariser
-from fedblend.core.training import Batch, TrainConfig, sgd_train
+from fedblend.algorithms.dbe import PRBM, fold_bias, mean_regulariser, shifted_forward
+from fedblend.core.training import Batch, Forward, TrainConfig, sgd_train
 from fedblend.models.zoo import MLP
 from tests.helpers import run_client, tiny_sim, train_message, without_timings
 
@@ -37,7 +37,8 @@ def test_dbe_training_adds_the_bias_to_the_features():
     x, y = torch.randn(4, 2), torch.tensor([0, 1, 2, 0])
     b = torch.tensor([0.2, -0.1])
     cfg = TrainConfig(lr=0.1, batch_size=4, epochs=1)
-    res = sgd_train(model, {**params, PRBM: b}, x, y, cfg, torch.Generator().manual_seed(0), feature_shift=PRBM)
+    res = sgd_train(model, {**params, PRBM: b}, x, y, cfg, torch.Generator().manual_seed(0),
+                    forward_fn=Forward(shifted_forward, {"key": PRBM}))
     bl = b.clone().requires_grad_(True)
     loss = torch.nn.functional.cross_entropy(model.head(model.features(x) + bl), y)
     (g,) = torch.autograd.grad(loss, [bl])

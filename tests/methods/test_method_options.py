@@ -41,7 +41,7 @@ def test_dbe_global_mean_first_is_kept_and_every_refreshes(tiny_fed):
     assert not torch.equal(every.server["global_mean"], kept)
 
 
-def test_dbe_on_the_vmap_backend_runs_its_shifted_specs_one_by_one(tiny_fed):
+def test_dbe_on_the_vmap_backend_runs_its_own_forward_one_by_one(tiny_fed):
     from fedblend.core.vmap import VmapBackend
 
     a = tiny_sim(tiny_fed, "dbe", {"kappa": 0.0}, rounds=2, seed=1)
@@ -53,3 +53,6 @@ def test_dbe_on_the_vmap_backend_runs_its_shifted_specs_one_by_one(tiny_fed):
         assert torch.allclose(st["prbm"], b.store.states[cid]["prbm"], atol=1e-6)
     for ma, mb in zip(a.history, b.history):
         assert ma["train_loss"] == pytest.approx(mb["train_loss"], rel=1e-5)
+    # round 1 has no global mean yet (plain specs, batched); round 2 trains the bias with DBE's forward
+    assert "vmap_one_by_one_forward" not in b.history[0]
+    assert b.history[1]["vmap_one_by_one_forward"] == len(b.history[1]["selected"])

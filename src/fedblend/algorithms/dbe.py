@@ -42,7 +42,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
-from fedblend.core.training import Batch, LossTerm, TrainResult
+from fedblend.core.training import Batch, Forward, LossTerm, TrainResult, forward
 from fedblend.models.zoo import FedModel
 
 PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters (not a model parameter)
@@ -69,6 +69,12 @@ def mean_regulariser(params: Params, batch: Batch, global_mean: torch.Tensor, ka
 def mr_term(global_mean: torch.Tensor, kappa: float) -> LossTerm:
     return LossTerm(mean_regulariser, {"global_mean": global_mean.detach(), "kappa": kappa}, needs_features=True,
                     name="dbe_mr")
+
+
+def shifted_forward(model: FedModel, params: Params, x: torch.Tensor, with_features: bool, key: str):
+    """PRBM's forward in training (Sec. 4.2): ``h(f(x) + zbar_i^p)`` with the bias the entry ``key`` of the trained
+    ``params`` (not a model parameter, trained by the same step); the features returned (for MR) are ``f(x)``."""
+    return forward(model, {k: v for k, v in params.items() if k != key}, x, with_features, shift=params[key])
 
 
 def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:
@@ -130,7 +136,7 @@ class DBE(Method):
         spec = self.train_spec(params, msg, cstate, ctx)
         if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
-            spec.feature_shift = PRBM
+            spec.forward = Forward(shifted_forward, {"key": PRBM}, name="dbe_prbm")
         res = yield spec
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}

@@ -10,8 +10,9 @@ A spec says *what* to train: start parameters, which tensors move (``trainable``
 long (``epochs`` or ``steps``), the learning rate, the optimizer buffers to start from, and extra loss terms.
 A :class:`LossTerm` sees the parameters and the :class:`Batch` -- inputs, labels, logits and (when it asks for
 them) the model's features -- so proximal (FedProx, Ditto, FedAMP), distillation (FedPHP), representation
-(FedProto, FedPAC, DBE) and mixture (APFL) losses all fit. Because the spec is data, a backend may run a list of
-them one by one, in worker processes, or batched with ``torch.func.vmap``.
+(FedProto, FedPAC, DBE) and mixture (APFL) losses all fit. A method whose forward pass differs from the model's
+(DBE adds a trained bias to the features before the head) gives a :class:`Forward`, also data. Because the spec is
+data, a backend may run a list of them one by one, in worker processes, or batched with ``torch.func.vmap``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,27 @@ class LossTerm:
         return self.fn(params, batch, **self.args)
 
 
+@dataclass(frozen=True)
+class Forward:
+    """A method's own forward pass for local training, ``fn(model, params, x, with_features, **args) -> (logits,
+    features or None)``, in place of :func:`forward`.
+
+    Like a :class:`LossTerm`, ``fn`` should be a module-level function and ``args`` its data, so a spec stays
+    data that a backend can send to another process. ``params`` is the whole trained dictionary, so it may hold
+    entries that are not model parameters (DBE's representation bias) which ``fn`` consumes; ``features`` are
+    what loss terms that ask for features see. Backends that batch clients run specs with their own forward one
+    by one.
+    """
+
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    args: dict = field(default_factory=dict)
+    name: str = "forward"
+
+    def __call__(self, model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+                 with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.fn(model, params, x, with_features, **self.args)
+
+
 @dataclass
 class TrainSpec:
     """One piece of local training a client half asks its backend to run (see module docstring)."""
@@ -90,9 +112,7 @@ class TrainSpec:
     split: str = "train"  # the client's data split trained on
     batch_size: int | None = None  # None: train.batch_size
     tags: dict = field(default_factory=dict)  # free-form labels for backends / diagnostics
-    #: name of an extra entry of ``params`` (a vector, not a model parameter) added to the body's features before
-    #: the head (DBE's personalized representation bias); ``batch.features`` stay the unshifted ones
-    feature_shift: str | None = None
+    forward: Forward | None = None  # None: the model's own forward (:func:`forward`)
 
 
 @dataclass
@@ -140,12 +160,13 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
               cfg: TrainConfig, generator: torch.Generator, *, momentum: Mapping[str, torch.Tensor] | None = None,
               loss_terms: Sequence[LossTerm] = (), trainable: Iterable[str] | None = None,
               epochs: int | None = None, lr: float | None = None, steps: int | None = None,
-              batch_size: int | None = None, feature_shift: str | None = None) -> TrainResult:
+              batch_size: int | None = None, forward_fn: Forward | None = None) -> TrainResult:
     """Train ``params`` on ``(x, y)`` with SGD; return new tensors (inputs are not modified).
 
     Update per step, as ``torch.optim.SGD``: ``g = grad + wd * p``; ``b = mu * b + g`` (``b = g`` on a fresh
     buffer); ``p = p - lr * b``. Loss: cross-entropy plus every term of ``loss_terms``. Only buffers of trained
-    tensors are returned (a caller merges them into the ones it keeps).
+    tensors are returned (a caller merges them into the ones it keeps). ``forward_fn`` replaces the model's
+    forward pass (see :class:`Forward`).
     """
     epochs = cfg.epochs if epochs is None else epochs
     lr = cfg.lr if lr is None else lr
@@ -166,13 +187,14 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
         return TrainResult(_detach(work), bufs or None, float("nan"), 0, 0)
     feats_needed = any(t.needs_features for t in loss_terms)
     leaves = [work[n] for n in names]
-    model_params = work if feature_shift is None else {k: v for k, v in work.items() if k != feature_shift}
     for idx in batches(len(y), bs, epochs, generator, cfg.drop_last):
         if steps is not None and done >= steps:
             break
         xb, yb = x[idx], y[idx]
-        shift = None if feature_shift is None else work[feature_shift]
-        out, feats = forward(model, model_params, xb, feats_needed, shift)
+        if forward_fn is None:
+            out, feats = forward(model, work, xb, feats_needed)
+        else:
+            out, feats = forward_fn(model, work, xb, feats_needed)
         loss = F.cross_entropy(out, yb)
         total_loss = loss
         if loss_terms:
@@ -203,7 +225,7 @@ def run_spec(spec: TrainSpec, model: nn.Module, data, cfg: TrainConfig, generato
     x, y = getattr(data, f"{spec.split}_x"), getattr(data, f"{spec.split}_y")
     return sgd_train(model, spec.params, x, y, cfg, generator, momentum=spec.momentum, loss_terms=spec.loss_terms,
                      trainable=spec.trainable, epochs=spec.epochs, lr=spec.lr, steps=spec.steps,
-                     batch_size=spec.batch_size, feature_shift=spec.feature_shift)
+                     batch_size=spec.batch_size, forward_fn=spec.forward)
 
 
 def merge_momentum(kept: Mapping[str, torch.Tensor] | None, new: Mapping[str, torch.Tensor] | None) -> Params | None:

@@ -52,9 +52,9 @@ def _signature(spec: TrainSpec) -> tuple:
 
 
 def batchable(spec: TrainSpec) -> bool:
-    """Loss terms that look at the batch would see the padding, and a feature shift changes the forward pass:
-    those specs run one by one."""
-    return spec.feature_shift is None and all(not t.uses_batch for t in spec.loss_terms)
+    """Loss terms that look at the batch would see the padding, and a method's own :class:`Forward` is not
+    batched: those specs run one by one."""
+    return spec.forward is None and all(not t.uses_batch for t in spec.loss_terms)
 
 
 def _stack(dicts: Sequence[Params]) -> Params:
@@ -191,7 +191,7 @@ class VmapBackend:
 
     def report(self) -> dict:
         """How the round's training ran (the engine adds it to the round's metrics): ``vmap_batched_specs`` and
-        ``vmap_one_by_one_<reason>`` (``own_loop`` clients, specs with a ``batch_term`` or a ``feature_shift``)."""
+        ``vmap_one_by_one_<reason>`` (``own_loop`` clients, specs with a ``batch_term`` or their own ``forward``)."""
         counts, self.counts = self.counts, {}
         return counts
 
@@ -233,9 +233,10 @@ class VmapBackend:
             for key, idx in groups.items():
                 specs = [live[i][2] for i in idx]
                 ctxs = [live[i][0] for i in idx]
-                if key[0] == "single":  # the sequential path: the term sees the real batch / the shift
-                    self._notice("a feature shift" if specs[0].feature_shift else "a loss term looks at the batch")
-                    self._count("vmap_one_by_one_" + ("feature_shift" if specs[0].feature_shift else "batch_term"))
+                if key[0] == "single":  # the sequential path: the term sees the real batch / its forward runs
+                    self._notice(f"its own forward ({specs[0].forward.name})" if specs[0].forward
+                                 else "a loss term looks at the batch")
+                    self._count("vmap_one_by_one_" + ("forward" if specs[0].forward else "batch_term"))
                 else:
                     self._count("vmap_batched_specs", len(idx))
                 g0 = time.perf_counter()

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedblend.common.errors import ConfigError
 from fedblend.common import plugins
+from fedblend.common.errors import ConfigError
 from fedblend.common.params import Params, layer_of
 
 
