@@ -181,3 +181,31 @@ def test_run_with_disk_store_resumes_and_matches_memory(tmp_path):
     run_experiment(_cfg(tmp_path, "fedavg+ala", ["store='disk'"]), tmp_path / "cut", stop_after=3)
     run_experiment(_cfg(tmp_path, "fedavg+ala"), tmp_path / "cut", resume=True)  # resumed in memory
     assert _metrics(tmp_path / "mem") == _metrics(tmp_path / "cut")
+
+
+def test_engine_refuses_a_backend_that_is_not_a_backend(tiny_fed):
+    class Duck:  # has run(), but not the interface the engine drives
+        def run(self, jobs):
+            return []
+
+    with pytest.raises(TypeError, match="backend must be a fedblend.core.backend.Backend"):
+        tiny_sim(tiny_fed, "fedavg", rounds=1, backend=Duck())
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vmap", "processes"])
+def test_every_backend_reports_each_job_once_to_the_progress_hook(tiny_fed, backend):
+    """``on_client("done", cid)`` once per training and per evaluation job, whichever backend runs them; the
+    hook is unset after each exchange."""
+    from fedblend.core.backends import make_backend
+
+    be = make_backend(backend, workers=2, threads=1) if backend == "processes" else make_backend(backend)
+    sim = tiny_sim(tiny_fed, "fedavg", rounds=2, seed=1, backend=be)
+    done: list[int] = []
+    sim.on_client = lambda kind, n: done.append(n) if kind == "done" else None
+    with sim:
+        sim.run()
+    per_round = [sorted(m["selected"]) for m in sim.history]
+    evaluated = tiny_fed.num_clients  # every client is evaluated each round
+    assert len(done) == sum(len(s) for s in per_round) + evaluated * len(per_round)
+    assert sorted(done[: len(per_round[0])]) == per_round[0]
+    assert be.on_result is None

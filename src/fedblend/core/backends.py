@@ -8,6 +8,9 @@ streams, so the order in which clients run changes nothing.
 * ``sequential``: one :class:`ClientRuntime` in this process, clients one after another (easy to debug).
 * ``vmap`` (:mod:`fedblend.core.vmap`): clients with matching training specs trained as one batched
   computation (for GPUs; equal to sequential within floating-point tolerance).
+Every backend is a :class:`~fedblend.core.backend.Backend`: the engine calls ``start``, ``run``, ``report`` and ``close`` and sets
+``on_result``, nothing else.
+
 * ``processes``: ``workers`` worker processes, each holding only its own clients' data (client ``c`` lives in
   worker ``c % workers``); every job crosses the process boundary as flat named arrays
   (:mod:`fedblend.common.codec`): the worker receives the message and that client's state, nothing else. Results
@@ -28,15 +31,15 @@ import torch
 from fedblend.common.codec import decode, encode
 from fedblend.common.errors import WorkerError
 from fedblend.common.rng import SeedTree
+from fedblend.core.backend import Backend
 from fedblend.core.client import ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
 from fedblend.core.method import Method, RunInfo
 from fedblend.data.federated import ClientData
 
 
-class SequentialBackend:
+class SequentialBackend(Backend):
     name = "sequential"
-    on_result = None  # called with each job as it finishes (a progress display); never changes results
 
     def start(self, method: Method, run: RunInfo, data: Mapping[int, ClientData], tree: SeedTree) -> None:
         self.runtime = ClientRuntime(method, run, data, tree)
@@ -45,12 +48,8 @@ class SequentialBackend:
         out = []
         for job in jobs:
             out.append(self.runtime.handle(job))
-            if self.on_result is not None:
-                self.on_result(job)
+            self.finished(job)
         return out
-
-    def close(self) -> None:
-        pass
 
 
 # ---------------------------------------------------------------------------------------------- processes
@@ -95,13 +94,11 @@ def _worker_main(conn) -> None:  # pragma: no cover - runs in the worker process
     conn.close()
 
 
-class ProcessBackend:
+class ProcessBackend(Backend):
     """Client halves in ``workers`` spawned processes with ``threads`` torch threads each (default: this
     process's threads divided among the workers, at least one)."""
 
     name = "processes"
-
-    on_result = None  # called with each job whose result arrived (a progress display)
 
     def __init__(self, workers: int = 2, threads: int | None = None):
         if workers < 1:
@@ -160,8 +157,7 @@ class ProcessBackend:
                 continue
             for i, blob in zip(idx, payload):
                 out[i] = _unpack_result(blob)
-                if self.on_result is not None:
-                    self.on_result(jobs[i])
+                self.finished(jobs[i])
         if errors:
             raise RuntimeError("a client failed in a worker process:\n" + "\n".join(errors))
         return out  # type: ignore[return-value]
@@ -230,7 +226,7 @@ def _vmap_backend():
 BACKENDS = {"sequential": SequentialBackend, "processes": ProcessBackend, "vmap": _vmap_backend}
 
 
-def make_backend(name: str, workers: int = 2, threads: int | None = None):
+def make_backend(name: str, workers: int = 2, threads: int | None = None) -> Backend:
     """The backend called ``name`` (``BACKENDS``)."""
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}")

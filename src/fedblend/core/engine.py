@@ -50,6 +50,7 @@ import torch
 from fedblend.common.codec import decode, encode
 from fedblend.common.errors import DivergedError, NonFiniteError
 from fedblend.common.rng import SeedTree
+from fedblend.core.backend import Backend
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
@@ -83,7 +84,7 @@ class Simulation:
     tree: SeedTree
     history: list[dict] = field(default_factory=list)
     next_round: int = 0
-    backend: Any = field(default_factory=SequentialBackend)
+    backend: Backend = field(default_factory=SequentialBackend)
     on_nonfinite: str = "stop"  # a reply with NaN / inf: "stop" the run or "skip" (drop) that client's update
     on_divergence: str = "stop"  # the run diverged (see the module docstring): "stop" it, or "warn" and go on
     divergence_factor: float = 100.0  # the finite loss-explosion bound, x max(ln C, first train_loss)
@@ -95,11 +96,16 @@ class Simulation:
     _alarms: list = field(default_factory=list)  # this round's divergence findings
     _loss_keys: list = field(default_factory=list)  # this round's client training losses (train_loss, ...)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, Backend):
+            raise TypeError(f"backend must be a fedblend.core.backend.Backend (start / run / report / close), "
+                            f"got {type(self.backend).__name__}")
+
     # ------------------------------------------------------------------------------------------- setup
     @classmethod
     def create(cls, method: Method, fed: FederatedData, model_name: str, train: TrainConfig, rounds: int,
                seed: int, sampling: SamplingConfig | None = None, protocol: EvalProtocol | None = None,
-               backend: Any = None, device: str = "cpu", on_nonfinite: str = "stop",
+               backend: Backend | None = None, device: str = "cpu", on_nonfinite: str = "stop",
                store: ClientStore | None = None, on_divergence: str = "stop",
                divergence_factor: float = 100.0, init: str = "") -> Simulation:
         tree = SeedTree(seed)
@@ -136,16 +142,11 @@ class Simulation:
         hook = self.on_client
         if hook is None:
             return self.backend.run(jobs)
-        if hasattr(self.backend, "on_result"):  # reports each job as it finishes
-            self.backend.on_result = lambda job: hook("done", job.cid)
-            try:
-                return self.backend.run(jobs)
-            finally:
-                self.backend.on_result = None
-        results = self.backend.run(jobs)
-        for job in jobs:
-            hook("done", job.cid)
-        return results
+        self.backend.on_result = lambda job: hook("done", job.cid)  # each job as its result is in
+        try:
+            return self.backend.run(jobs)
+        finally:
+            self.backend.on_result = None
 
     def close(self) -> None:
         """Stop the backend (worker processes); the simulation can be started again."""
@@ -264,8 +265,7 @@ class Simulation:
             if self.protocol.select == "val":
                 metrics.update({f"val_{k}": v for k, v in self.evaluate(t, "val").items()})
             metrics["eval_seconds"] = time.perf_counter() - e0
-        if hasattr(self.backend, "report"):  # what a distributed backend noticed this round (faults, refusals)
-            metrics.update(self.backend.report())
+        metrics.update(self.backend.report())  # what the backend noticed this round (faults, refusals, counts)
         self.history.append(metrics)
         self.next_round = t + 1
         self.diverging(metrics)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from fedblend.common.params import Params
+from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
@@ -177,7 +178,7 @@ def evaluate_shared(model, params: Params, parts: Sequence[tuple], batch_size: i
     return res
 
 
-class VmapBackend:
+class VmapBackend(Backend):
     """Client halves driven in lock-step; same-signature specs trained as one vmapped computation."""
 
     name = "vmap"
@@ -205,6 +206,12 @@ class VmapBackend:
             self.noticed = True
 
     def run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
+        out = self._run(jobs)
+        for job in jobs:  # clients run in lock-step: every result is in at the end
+            self.finished(job)
+        return out
+
+    def _run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
         out: list[ClientResult | None] = [None] * len(jobs)
         evals = [i for i, j in enumerate(jobs) if j.phase == EVALUATE]
         for i, res in zip(evals, self._evaluate([jobs[i] for i in evals])):

@@ -37,6 +37,7 @@ from flwr.app import Message as FlowerMessage
 
 from fedblend.common.errors import FedblendError
 from fedblend.common.rng import SeedTree
+from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult
 from fedblend.core.message import Message
 from fedblend.core.method import Method, RunInfo
@@ -49,7 +50,7 @@ class FlowerRunError(FedblendError):
     """The deployment cannot continue (too few nodes or answers)."""
 
 
-class FlowerBackend:
+class FlowerBackend(Backend):
     name = "flower"
 
     def __init__(self, grid: Any, run_key: str, nodes: int = 1, timeout: float = 600.0, min_clients: int = 1,
@@ -165,6 +166,7 @@ class FlowerBackend:
             by_cid = {int(r["cid"]): r for r in results if r.get("cid") is not None}
             for i in idx:
                 out[i] = self._result(jobs[i], by_cid.get(jobs[i].cid), nid)
+                self.finished(jobs[i])
         answered = sum(r is not None for r in out)
         if len(jobs) > 1 and answered < min(self.min_clients, len(jobs)):  # (one-client exchanges: not checked)
             raise FlowerRunError(f"round {jobs[0].rnd + 1}: {answered} of {len(jobs)} clients answered, fewer than "
@@ -214,6 +216,3 @@ class FlowerBackend:
         if exchanges:
             out["flower_exchanges"] = exchanges
         return out
-
-    def close(self) -> None:
-        pass
