@@ -38,3 +38,46 @@ class Noisy(FedAvg):
     def aggregate_train(self, server, replies, sctx):
         out = super().aggregate_train(server, replies, sctx)
         return {**out, "global": {k: v + 1e-3 * torch.randn(v.shape) for k, v in out["global"].items()}}
+
+
+class NestedMetrics(FedAvg):
+    """Replies put a dict in metrics (a Flower MetricRecord cannot carry it)."""
+
+    name = "nested-metrics-test"
+
+    def reply(self, res, msg, cstate, ctx):
+        msg = super().reply(res, msg, cstate, ctx)
+        msg.metrics["per_class"] = {"0": 3}
+        return msg
+
+
+class ConfigUp(FedAvg):
+    """Replies carry config (config is downlink only)."""
+
+    name = "config-up-test"
+
+    def reply(self, res, msg, cstate, ctx):
+        msg = super().reply(res, msg, cstate, ctx)
+        msg.config["chosen"] = [1, 2]
+        return msg
+
+
+class TensorConfig(FedAvg):
+    """The server sends a tensor in config (tensors go in arrays)."""
+
+    name = "tensor-config-test"
+
+    def configure_train(self, server, cid, sctx):
+        msg = super().configure_train(server, cid, sctx)
+        msg.config["mask"] = torch.ones(3)
+        return msg
+
+
+class ListStats(FedAvg):
+    """A client stat that is a list (stats are averaged numbers)."""
+
+    name = "list-stats-test"
+
+    def reply(self, res, msg, cstate, ctx):
+        ctx.stats["weights"] = [0.5, 0.5]
+        return super().reply(res, msg, cstate, ctx)

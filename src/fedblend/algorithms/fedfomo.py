@@ -126,7 +126,7 @@ class FedFomo(Method):
         affinity = server["affinity"].clone()
         for cid in sorted(replies):
             models[str(cid)] = replies[cid].params()
-            ids, w = replies[cid].config["ids"], replies[cid].config["weights"]
+            ids, w = replies[cid].metrics["fomo_ids"], replies[cid].metrics["fomo_weights"]
             if ids:
                 affinity[cid, torch.tensor(ids)] += torch.tensor(w, dtype=torch.float64)
         return {**server, "models": models, "last_round": sorted(replies), "affinity": affinity}
@@ -139,18 +139,18 @@ class FedFomo(Method):
         return d.train_x, d.train_y
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Eq. 5-7 on the client's own model and the received ones (their weights in ``ctx.stats``)."""
+        """Eq. 5-7 on the client's own model and the received ones (their weights kept for ``reply``)."""
         own = cstate["params"]
         models = [msg.params(f"m{k}") for k in range(len(msg.config.get("ids", [])))]
         x, y = self.val_data(ctx)
         with torch.no_grad():
             mean_loss = [lo / max(n, 1) for _, lo, n in (evaluate_params(ctx.model, p, x, y) for p in [own] + models)]
         weights = fomo_weights(mean_loss[0], mean_loss[1:], [distance(m, own) for m in models])
-        ctx.stats["fomo_weights"] = weights.tolist()
+        ctx.scratch["fomo_weights"] = weights.tolist()
         return fomo_update(own, models, weights)
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
         reply = super().reply(res, msg, cstate, ctx)
-        reply.config = {"ids": list(msg.config.get("ids", [])), "weights": ctx.stats.pop("fomo_weights")}
+        reply.metrics.update(fomo_ids=list(msg.config.get("ids", [])), fomo_weights=ctx.scratch["fomo_weights"])
         return reply

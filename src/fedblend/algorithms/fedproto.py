@@ -24,7 +24,7 @@ class -- instead of model parameters; every client keeps its whole model.
   cross-entropy of the logits ``-||f - C^(j)||^2``, FedProto's distance-based classifier).
 
 Only prototypes travel: up, one ``d``-vector per class the client holds (``arrays["protos"]``, class counts as
-numbers); down, one per class with a global prototype. No parameter is ever sent, so the method has no global
+a list of numbers); down, one per class with a global prototype. No parameter is ever sent, so the method has no global
 model. The global prototypes are those of the round's uploads (``absent = "drop"``, the authors' code and
 PFLlib); ``absent = "keep"`` keeps the previous prototype of a class no client of the round uploaded.
 """
@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import torch
 
-from fedblend.algorithms.parts.prototypes import COUNTS, PROTOS, PrototypeUpload, num_classes
+from fedblend.algorithms.parts.prototypes import PROTOS, PrototypeUpload, num_classes, uploaded_counts
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
@@ -133,7 +133,7 @@ class FedProto(PrototypeUpload):
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Eq. 6 over the round's uploads (``absent = "keep"``: over the previous prototypes)."""
-        uploads = [(replies[c].params(PROTOS), replies[c].metrics[COUNTS]) for c in sorted(replies)]
+        uploads = [(replies[c].params(PROTOS), uploaded_counts(replies[c])) for c in sorted(replies)]
         old = server["protos"] if self.opts.absent == "keep" else {}
         return {**server, "protos": {**old, **average_prototypes(uploads, self.opts.weighting)}}
 

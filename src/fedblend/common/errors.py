@@ -47,6 +47,10 @@ class WorkerError(FedblendError):
     """A client worker process died (killed, out of memory) or could not start; names the worker and why."""
 
 
+class MessageError(FedblendError, TypeError):
+    """A method's message breaks the channel rules (:func:`fedblend.core.message.channel_errors`)."""
+
+
 class DataError(FedblendError):
     """A dataset file that exists but cannot be read (truncated, wrong format, no permission)."""
 

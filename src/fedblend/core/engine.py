@@ -48,14 +48,14 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
-from fedblend.common.errors import DivergedError, NonFiniteError
+from fedblend.common.errors import DivergedError, MessageError, NonFiniteError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.evaluation import EvalProtocol, per_client_counts, summarise
-from fedblend.core.message import Message, first_nonfinite, first_nonfinite_value
+from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
@@ -148,6 +148,17 @@ class Simulation:
         finally:
             self.backend.on_result = None
 
+    def _check_channels(self, msg: Message, phase: str, cid: int, reply: bool, stats: dict | None = None) -> None:
+        """Refuse a message that breaks the channel rules (:func:`~fedblend.core.message.channel_errors`), and
+        client stats that are not plain numbers (they are averaged into the round's metrics)."""
+        errors = channel_errors(msg, reply)
+        errors += [f"stats[{k!r}] is a {type(v).__name__}: client stats are numbers (averaged over the round's "
+                   f"clients)" for k, v in (stats or {}).items()
+                   if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+        if errors:
+            what = f"client {cid}'s {phase} reply" if reply else f"the server's {phase} message to client {cid}"
+            raise MessageError(f"{self.method.label}: {what} breaks the message channels:\n  " + "\n  ".join(errors))
+
     def close(self) -> None:
         """Stop the backend (worker processes); the simulation can be started again."""
         if self._started:
@@ -178,6 +189,8 @@ class Simulation:
             if self.protocol.before_after:
                 for m in msgs.values():
                     m.config[BEFORE_AFTER] = self.protocol.split
+            for cid in cids:
+                self._check_channels(msgs[cid], phase, cid, reply=False)
             results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
             replies = {}
             for cid, res in zip(cids, results):
@@ -185,6 +198,7 @@ class Simulation:
                 if res is None:  # the client did not answer (node down, timeout, refused reply)
                     dropped.append(cid)
                     continue
+                self._check_channels(res.reply, phase, cid, reply=True, stats=res.stats)
                 up[cid] += res.reply.num_bytes
                 answered[phase] = answered.get(phase, 0) + 1
                 if self._nonfinite(res, cid, phase, t):
@@ -352,11 +366,13 @@ class Simulation:
             for cid in cids[lo : lo + EVAL_CHUNK]:
                 msg = self.method.configure_evaluate(self.server, cid, sctx)
                 msg.config.update(config)
+                self._check_channels(msg, EVALUATE, cid, reply=False)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))
             for job, res in zip(jobs, self._run_jobs(jobs)):
                 if res is None:  # a client that did not answer is left out of the pooled accuracy
                     missing += 1
                     continue
+                self._check_channels(res.reply, EVALUATE, job.cid, reply=True)
                 m = res.reply.metrics
                 answered.append(job.cid)
                 personal.append((m["correct"], m["loss"], m["n"]))

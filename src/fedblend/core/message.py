@@ -5,6 +5,12 @@ Modelled on Flower's ``Message`` (a ``RecordDict`` of named ``ArrayRecord`` / ``
 models travel as several records, e.g. FedFomo / APPLE), ``metrics`` holds numbers the receiver reports
 (``num_samples``, accuracies), ``config`` holds instructions (the evaluation split). What a message costs on the
 wire is the bytes of its tensors (:func:`comm_bytes`); numbers and strings are counted as free, as before.
+
+The channels are enforced (:func:`channel_errors`, checked by the engine on every message both ways), with
+Flower's record types as the rule, so that whatever runs in process also travels in a Flower ``Message``:
+``arrays`` hold tensors only; ``metrics`` hold numbers (``int`` / ``float``) or flat lists of numbers; ``config``
+holds numbers, strings, bytes, booleans or flat lists of one of those, and only downlink: it is the server's
+instructions to a client, so a reply's config is empty (a client reports in ``metrics`` and ``arrays``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,40 @@ class Message:
     def from_arrays(cls, flat: Mapping[str, Any], device: str | torch.device | None = None) -> Message:
         d = decode(flat, device)
         return cls(d["arrays"], d["metrics"], d["config"])
+
+
+_NUMBER = (int, float)
+_CONFIG_VALUE = (int, float, str, bytes, bool)
+
+
+def _flat(value: Any, kinds: tuple[type, ...]) -> bool:
+    """``value`` is one of ``kinds`` or a flat list / tuple of them (booleans count as numbers only in config)."""
+    def ok(v: Any) -> bool:
+        return isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
+
+    return ok(value) or (isinstance(value, (list, tuple)) and all(ok(v) for v in value))
+
+
+def channel_errors(msg: Message, reply: bool) -> list[str]:
+    """What in ``msg`` breaks the channel rules (module docstring): one line per offending entry; ``reply``:
+    the message goes from a client to the server (its config must be empty)."""
+    errors = []
+    for record, params in msg.arrays.items():
+        if not isinstance(params, Mapping):
+            errors.append(f"arrays[{record!r}] is a {type(params).__name__}: arrays map record names to "
+                          f"{{name: tensor}} dicts")
+            continue
+        errors += [f"arrays[{record!r}][{name!r}] is a {type(t).__name__}: arrays hold tensors only"
+                   for name, t in params.items() if not isinstance(t, torch.Tensor)]
+    errors += [f"metrics[{k!r}] is a {type(v).__name__}: metrics hold numbers or flat lists of numbers "
+               f"(tensors go in arrays)" for k, v in msg.metrics.items() if not _flat(v, _NUMBER)]
+    if reply and msg.config:
+        errors.append(f"a reply carries config {sorted(msg.config)}: config is the server's instructions to a "
+                      f"client; a client reports in metrics (numbers) and arrays (tensors)")
+    else:
+        errors += [f"config[{k!r}] is a {type(v).__name__}: config holds numbers, strings, bytes, booleans or "
+                   f"flat lists of them" for k, v in msg.config.items() if not _flat(v, _CONFIG_VALUE)]
+    return errors
 
 
 def first_nonfinite(arrays: Mapping[str, Params]) -> str | None:

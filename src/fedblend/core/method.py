@@ -116,6 +116,9 @@ class ClientCtx:
     #: process, a resumed run). A client half may store results there that it would otherwise compute again,
     #: only where the result does not depend on whether the memo is used (e.g. ALA's blend, keyed by its inputs).
     cache: dict = field(default_factory=dict)
+    #: what one hook hands a later hook of the same exchange (FedFomo's weights from ``client_init`` to ``reply``):
+    #: never state, never metrics, gone after the exchange
+    scratch: dict = field(default_factory=dict)
 
     def tree_for(self, phase: str, rnd: int) -> SeedTree:
         """This client's streams for ``phase`` in round ``rnd`` (what the runtime hands that exchange)."""

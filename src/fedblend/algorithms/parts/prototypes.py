@@ -11,7 +11,7 @@ from fedblend.core.method import ClientCtx, Message, Method, RunInfo, State
 from fedblend.core.training import TrainResult
 
 PROTOS = "protos"  # message record: {str(class): prototype vector}
-COUNTS = "class_counts"  # reply metric: {str(class): samples of that class}
+COUNTS = "class_counts"  # reply metric: [samples of class 0, of class 1, ...] (every class of the model's output)
 
 
 def num_classes(run: RunInfo) -> int:
@@ -45,4 +45,10 @@ class PrototypeUpload(Method):
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         protos, counts = local_prototypes(res.params, ctx)
-        return Message({PROTOS: protos}, {"num_samples": ctx.data.num_train, COUNTS: counts})
+        per_class = [counts.get(str(c), 0) for c in range(num_classes(ctx.run))]
+        return Message({PROTOS: protos}, {"num_samples": ctx.data.num_train, COUNTS: per_class})
+
+
+def uploaded_counts(reply: Message) -> dict[str, int]:
+    """A reply's class counts as ``{str(class): samples}`` over the classes it holds (the keys of its prototypes)."""
+    return {str(c): int(n) for c, n in enumerate(reply.metrics[COUNTS]) if n}
