@@ -21,7 +21,7 @@ import torch
 
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
-from fedblend.core.evaluation import evaluate_params
+from fedblend.core.evaluation import GLOBAL_PREFIX, evaluate_params
 from fedblend.core.message import Message
 from fedblend.core.method import (
     ClientCtx,
@@ -103,9 +103,9 @@ class ClientRuntime:
         evaluation split: correct, summed loss and count of each."""
         bs = int(msg.config.get("batch_size", 2048))
         params, glob, (x, y) = self.eval_models(msg, state, ctx)
-        c, lo, n = evaluate_params(ctx.model, params, x, y, bs)
-        metrics = {"correct": c, "loss": lo, "n": n}
+        own = evaluate_params(ctx.model, params, x, y, bs)
+        metrics = own.to_metrics()
         if glob is not None:
-            gc, gl, gn = (c, lo, n) if same_tensors(params, glob) else evaluate_params(ctx.model, glob, x, y, bs)
-            metrics.update(global_correct=gc, global_loss=gl, global_n=gn)
+            other = own if same_tensors(params, glob) else evaluate_params(ctx.model, glob, x, y, bs)
+            metrics.update(other.to_metrics(GLOBAL_PREFIX))
         return Message(metrics=metrics)

@@ -54,7 +54,7 @@ from fedblend.core.backend import Backend
 from fedblend.core.backends import SequentialBackend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
-from fedblend.core.evaluation import EvalProtocol, per_client_counts, summarise
+from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
 from fedblend.core.sampling import SamplingConfig, sample_clients
@@ -373,13 +373,17 @@ class Simulation:
                     missing += 1
                     continue
                 self._check_channels(res.reply, EVALUATE, job.cid, reply=True)
-                m = res.reply.metrics
+                own = EvalCounts.from_metrics(res.reply.metrics)
+                if own is None:
+                    raise MessageError(f"{self.method.label}: client {job.cid}'s evaluation reply has no "
+                                       f"correct / loss / n in its metrics")
+                other = EvalCounts.from_metrics(res.reply.metrics, GLOBAL_PREFIX)
                 answered.append(job.cid)
-                personal.append((m["correct"], m["loss"], m["n"]))
-                if "global_correct" in m:
-                    glob.append((m["global_correct"], m["global_loss"], m["global_n"]))
-                for which, key, n in (("personalized", "loss", "n"), ("global", "global_loss", "global_n")):
-                    if key in m and m[n] and not math.isfinite(m[key]):
+                personal.append(own)
+                if other is not None:
+                    glob.append(other)
+                for which, counts in (("personalized", own), ("global", other)):
+                    if counts is not None and counts.nonfinite_loss:
                         bad.setdefault(which, []).append(job.cid)
         for which, bad_cids in bad.items():
             self._alarms.append(f"the {which} model of {len(bad_cids)} client(s) (client {bad_cids[0]} first) has a "

@@ -7,9 +7,10 @@ The protocol (which model, when, how aggregated) is explicit and written into ev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -48,16 +49,44 @@ class EvalProtocol:
                               f"'best', got {self.report!r}")
 
 
+GLOBAL_PREFIX = "global_"  # the global model's counts in an evaluation reply's metrics
+
+
+class EvalCounts(NamedTuple):
+    """One model on one client's evaluation split: correct predictions, summed loss, samples. An evaluation reply
+    carries the personalized model's as metrics ``correct`` / ``loss`` / ``n`` and, when the message carried a
+    global model, the global model's as ``global_correct`` / ``global_loss`` / ``global_n``
+    (:meth:`to_metrics` / :meth:`from_metrics` are the only code that spells these keys)."""
+
+    correct: int
+    loss: float
+    n: int
+
+    def to_metrics(self, prefix: str = "") -> dict[str, int | float]:
+        return {f"{prefix}correct": int(self.correct), f"{prefix}loss": float(self.loss), f"{prefix}n": int(self.n)}
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any], prefix: str = "") -> EvalCounts | None:
+        """The counts under ``prefix`` in an evaluation reply's metrics (None when it has none)."""
+        if f"{prefix}correct" not in metrics:
+            return None
+        return cls(int(metrics[f"{prefix}correct"]), float(metrics[f"{prefix}loss"]), int(metrics[f"{prefix}n"]))
+
+    @property
+    def nonfinite_loss(self) -> bool:
+        return bool(self.n) and not math.isfinite(self.loss)
+
+
 @torch.no_grad()
 def evaluate_params(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                    batch_size: int = 2048) -> tuple[int, float, int]:
+                    batch_size: int = 2048) -> EvalCounts:
     """``(correct, summed loss, n)`` of the model with ``params`` on ``(x, y)``."""
     correct, loss = 0, 0.0
     for i in range(0, len(y), batch_size):
         out = functional_call(model, dict(params), (x[i : i + batch_size],))
         loss += float(F.cross_entropy(out, y[i : i + batch_size], reduction="sum"))
         correct += int((out.argmax(1) == y[i : i + batch_size]).sum())
-    return correct, loss, int(len(y))
+    return EvalCounts(correct, loss, int(len(y)))
 
 
 def summarise(per_client: Sequence[tuple[int, float, int]]) -> dict:

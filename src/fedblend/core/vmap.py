@@ -34,6 +34,7 @@ from torch.func import functional_call, grad, vmap
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
+from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
 from fedblend.core.optim import sgd_direction
@@ -269,7 +270,7 @@ class VmapBackend(Backend):
             params, glob, (x, y) = self.runtime.eval_models(job.msg, state, ctx)
             items.append((i, "", params, x, y))
             if glob is not None:
-                items.append((i, "global_", glob, x, y))
+                items.append((i, GLOBAL_PREFIX, glob, x, y))
         metrics: list[dict] = [{} for _ in jobs]
         groups: dict[tuple, list] = {}
         for item in items:
@@ -277,8 +278,8 @@ class VmapBackend(Backend):
         bs = int(jobs[0].msg.config.get("batch_size", 2048)) if jobs else 2048
         for group in groups.values():
             scores = evaluate_shared(self.run_info.model, group[0][2], [(x, y) for _, _, _, x, y in group], bs)
-            for (i, prefix, _, _, _), (c, lo, n) in zip(group, scores):
-                metrics[i].update({f"{prefix}correct": c, f"{prefix}loss": lo, f"{prefix}n": n})
+            for (i, prefix, _, _, _), counts in zip(group, scores):
+                metrics[i].update(EvalCounts(*counts).to_metrics(prefix))
         return [ClientResult(Message(metrics=m), None, {}) for m in metrics]
 
     def _advance(self, i, ctx, gen, result, spent, live, out, first: bool = False) -> None:
