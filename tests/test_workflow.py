@@ -299,7 +299,7 @@ def test_small_commands(capsys):
 def test_progress_bars_count_clients_and_leave_results_alone(tmp_path):
     import io
 
-    from fedblend.experiment import Progress
+    from fedblend.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -211,7 +211,7 @@ class NotebookProgress:
         self.clients = tqdm(total=0, desc="clients", unit="client", leave=False)
 
     def on_client(self, kind: str, n: int) -> None:
-        from fedblend.experiment import Progress
+        from fedblend.progress import Progress
 
         Progress.on_client(self, kind, n)  # the terminal display's client bar, on this object's tqdm.auto bars
 
@@ -243,7 +243,7 @@ def make_progress(progress: Any, total: int, label: str):
     if progress is True or in_notebook():
         return NotebookProgress(total, label)
     if hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
-        from fedblend.experiment import Progress
+        from fedblend.progress import Progress
 
         return Progress(total, label)
     return None

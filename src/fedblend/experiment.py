@@ -41,7 +41,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -55,12 +54,10 @@ import fedblend
 from fedblend.common import files
 from fedblend.common.errors import (
     CheckpointMismatchError,
-    CheckpointMissingError,
     ConfigError,
     DivergedError,
     NonFiniteError,
     ResumeMismatchError,
-    RunExistsError,
     RunInterrupted,
 )
 from fedblend.common.jsonio import dumps
@@ -80,7 +77,8 @@ from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset
-from fedblend.rundir import RUN_FILES, DirLock, clear_run, locked_by
+from fedblend.figures import plot_run
+from fedblend.rundir import RUN_FILES, DirLock, check_out_dir, clear_run, holds_run, locked_by
 from fedblend.tracking import check_available, make_trackers
 
 log = logging.getLogger("fedblend.run")
@@ -162,11 +160,6 @@ def check_checkpoint_files(ck: dict, out: Path, ck_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ results dir
-def holds_run(out: Path) -> list[str]:
-    """The run files in ``out`` (empty when it is not a run directory)."""
-    return [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
-
-
 def default_out_dir(cfg: RunConfig, base: str | Path = "runs") -> Path:
     """``runs/<label>-seed<N>``, or the first of ``...-2``, ``...-3``, ... that holds no run: a run without
     ``--out`` never lands on an earlier one."""
@@ -176,26 +169,6 @@ def default_out_dir(cfg: RunConfig, base: str | Path = "runs") -> Path:
         k += 1
         out = stem.with_name(f"{stem.name}-{k}")
     return out
-
-
-def check_out_dir(out: Path, resume: bool, force: bool) -> None:
-    """Fail before anything is written when ``out`` cannot hold this run (see module docstring)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory")
-    anc = out
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: cannot create or write it ({anc} is not a writable directory)")
-    if resume:
-        if not (out / FILENAME).is_file():
-            raise CheckpointMissingError(f"--resume: no checkpoint at {out / FILENAME} (checkpoint_every = 0, or the "
-                                         f"run stopped before its first checkpoint); start again with --force")
-        return
-    files = holds_run(out)
-    if files and not force:
-        raise RunExistsError(f"{out} already holds a run ({', '.join(files)}); use --resume to continue it, "
-                             f"--force to replace it, or another --out")
 
 
 def _write(path: Path, text: str) -> None:
@@ -534,21 +507,6 @@ def _finish(out: Path, sim: Simulation, summary: dict, identity: dict) -> None:
     _write(out / "summary.json", dumps(summary, indent=2) + "\n")
 
 
-def plot_run(out: Path) -> Path | None:
-    """``OUT/accuracy.png``: personalized accuracy per round with the clients' spread (and the global model's,
-    where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
-    skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    from fedblend.figures import plot_run_accuracy
-
-    return plot_run_accuracy(out)
-
-
 def config_header(identity: dict) -> str:
     """Comment lines heading ``config.toml``: the hash and what produced the run (TOML ignores them)."""
     keys = ("config_hash", "fedblend", "torch", "numpy", "python", "git_commit", "device", "threads")
@@ -597,74 +555,3 @@ def _write_csv(path: Path, history: list[dict]) -> None:
 def _mean(vals: list[float]) -> float:
     vals = [v for v in vals if v is not None and not math.isnan(v)]
     return sum(vals) / len(vals) if vals else float("nan")
-
-
-def _columns(stream) -> int:
-    try:
-        return os.get_terminal_size(stream.fileno()).columns
-    except (OSError, AttributeError, ValueError):
-        return shutil.get_terminal_size().columns
-
-
-class Progress:
-    """The progress display on stderr (``tqdm``): on a terminal a round bar (accuracy, loss, seconds per round,
-    elapsed, eta) and under it a bar of the clients of the current round or evaluation, both fitted to the
-    terminal's width; not on a terminal, one plain line per round with the same numbers and no bars. It reads
-    the round's metrics and counts client jobs (``Simulation.on_client``); it never changes a result."""
-
-    def __init__(self, total: int, label: str, stream=None):
-        self.total, self.label = total, label
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.perf_counter()
-        self.last_acc: float | None = None
-        self.rounds = self.clients = None
-        if self.tty:
-            from tqdm import tqdm
-
-            common = {"file": self.stream, "dynamic_ncols": True, "mininterval": 0.2}
-            room = max(12, _columns(self.stream) - 68)  # the numbers need about 66 columns
-            desc = label if len(label) <= room else label[: room // 2 - 1] + "~" + label[-(room - room // 2):]
-            self.rounds = tqdm(total=total, desc=desc, unit="round", position=0, leave=True, **common,
-                               bar_format="{desc} {n_fmt}/{total_fmt} |{bar}|{postfix} [{elapsed}<{remaining}]")
-            self.clients = tqdm(total=0, desc="clients", unit="client", position=1, leave=False, **common,
-                                bar_format="  {desc} {n_fmt}/{total_fmt} |{bar}| {rate_fmt}")
-
-    def on_client(self, kind: str, n: int) -> None:
-        """``Simulation.on_client``: a phase with ``n`` client jobs starts, or one job (client ``n``) is done."""
-        if self.clients is None:
-            return
-        if kind == "done":
-            self.clients.update(1)
-        else:
-            self.clients.reset(total=n)
-            self.clients.set_description_str(f"{kind} clients", refresh=False)
-
-    def numbers(self, m: dict) -> tuple[str, float, float, float]:
-        """(accuracy text, seconds this round, elapsed seconds, eta seconds) after round ``m``."""
-        if "acc" in m:
-            self.last_acc = m["acc"]
-        per = m["seconds"] + m.get("eval_seconds", 0.0)
-        acc = f"acc {self.last_acc:.4f}" if self.last_acc is not None else "acc   -   "
-        return acc, per, time.perf_counter() - self.t0, per * (self.total - m["round"])
-
-    def __call__(self, m: dict, sim: Simulation) -> None:
-        done = m["round"]
-        acc, per, el, eta = self.numbers(m)
-        if self.rounds is not None:
-            self.rounds.set_postfix_str(f"{acc} loss {m['train_loss']:.4f} {per:.2f}s/round", refresh=False)
-            self.rounds.update(done - self.rounds.n)
-            if done == self.total:
-                self.close()
-            return
-        frac = done / self.total
-        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
-        self.stream.write(f"{self.label} [{bar}] round {done}/{self.total} {acc} loss {m['train_loss']:.4f} "
-                          f"{per:.2f}s/round elapsed {el:.0f}s eta {eta:.0f}s\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        for bar in (self.clients, self.rounds):
-            if bar is not None:
-                bar.close()
-        self.rounds = self.clients = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,16 @@ def plot_client_distribution(groups: Sequence[tuple[str, list[float], int]], pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_run(out: Path) -> Path | None:
+    """``OUT/accuracy.png``: personalized accuracy per round with the clients' spread (and the global model's,
+    where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
+    skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return plot_run_accuracy(out)

@@ -37,7 +37,8 @@ import threading
 import time
 from pathlib import Path
 
-from fedblend.common.errors import ConfigError, RunExistsError
+from fedblend.common.errors import CheckpointMissingError, ConfigError, RunExistsError
+from fedblend.core.checkpoint import FILENAME
 
 try:
     import fcntl
@@ -293,3 +294,29 @@ def die_with_parent() -> bool:
     if os.getppid() != parent:  # the parent died before we asked
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+# ------------------------------------------------------------------------------------------ results dir
+def holds_run(out: Path) -> list[str]:
+    """The run files in ``out`` (empty when it is not a run directory)."""
+    return [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
+
+
+def check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    """Fail before anything is written when ``out`` cannot hold this run (see module docstring)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory")
+    anc = out
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: cannot create or write it ({anc} is not a writable directory)")
+    if resume:
+        if not (out / FILENAME).is_file():
+            raise CheckpointMissingError(f"--resume: no checkpoint at {out / FILENAME} (checkpoint_every = 0, or the "
+                                         f"run stopped before its first checkpoint); start again with --force")
+        return
+    files = holds_run(out)
+    if files and not force:
+        raise RunExistsError(f"{out} already holds a run ({', '.join(files)}); use --resume to continue it, "
+                             f"--force to replace it, or another --out")

@@ -338,7 +338,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.export:
             _export_partition(cfg, fed, args)
         return 0
-    from fedblend.experiment import Progress, default_out_dir, run_experiment
+    from fedblend.experiment import default_out_dir, run_experiment
+    from fedblend.progress import Progress
 
     if args.resume and args.force:
         raise ConfigError("--resume continues the run in OUT and --force replaces it: give one of them")
@@ -349,7 +350,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     else:  # a new run never lands on an earlier one; --resume continues the first
         out = Path("runs") / f"{cfg.label}-seed{cfg.seed}" if args.resume else default_out_dir(cfg)
     if args.dry_run or args.check:
-        from fedblend.experiment import check_out_dir, dry_run
+        from fedblend.experiment import dry_run
+        from fedblend.rundir import check_out_dir
 
         if args.check:
             check_out_dir(out, args.resume, args.force)
@@ -370,8 +372,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _refuse_run_in(out: Path, force: bool) -> None:
     """``partition --out``: a directory holding a run (more than an earlier partition's files) is refused, or with
     ``force`` cleared: the run's checkpoint would otherwise continue on a partition it was not trained on."""
-    from fedblend.experiment import holds_run
-    from fedblend.rundir import clear_run
+    from fedblend.rundir import clear_run, holds_run
 
     run_files = [f for f in holds_run(out) if f not in ("partition.json", "partition.txt")]
     if run_files and not force:
@@ -387,7 +388,8 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     from fedblend.algorithms.registry import METHODS, parse_method
     from fedblend.common.options import ConfigError
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
-    from fedblend.experiment import Progress, run_experiment
+    from fedblend.experiment import run_experiment
+    from fedblend.progress import Progress
 
     method = METHODS[parse_method(cfg.method)[0]]
     if not method.pretrainable:
@@ -607,7 +609,7 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
                             args.threads, args.resume, args.force)
         print(f"wrote the Flower app {app}; run it with: flwr run {app} CONNECTION --stream")
         return 0
-    from fedblend.experiment import Progress
+    from fedblend.progress import Progress
 
     progress = None if getattr(args, "quiet", False) else Progress(cfg.rounds, f"flower {cfg.label}")
     try:

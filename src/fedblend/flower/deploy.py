@@ -320,8 +320,7 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     replies (Flower's ``send_and_receive``: 3); ``superexec_poll``: Flower's supported knob
     ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, how often the SuperExecs look for a ServerApp / ClientApp to start
     (Flower's default: 1 s)."""
-    from fedblend.experiment import check_out_dir
-    from fedblend.rundir import DirLock, RunLockedError, locked_by
+    from fedblend.rundir import DirLock, RunLockedError, check_out_dir, locked_by
 
     out = Path(out).resolve()
     _bin("flower-superlink")  # the extra is installed (else a clear error before anything is written)
