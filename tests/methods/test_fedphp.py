@@ -31,8 +31,8 @@ def test_fedphp_transfer_losses_by_hand(tiny_fed):
     student = {k: v + 0.1 for k, v in init.items()}
     logits = functional_call(model, student, (x,))
     teacher = functional_call(model, init, (x,))
-    batch = Batch(x, y, logits, None)
-    got = transfer_loss(student, batch, model, init, 0.3, "kd", 4.0)
+    batch = Batch(x, y, logits, None, model)
+    got = transfer_loss(student, batch, init, 0.3, "kd", 4.0)
     kd = -(F.softmax(teacher / 4.0, 1) * F.log_softmax(logits, 1)).sum(1).mean()
     assert float(got) == pytest.approx(float(0.3 * (kd - F.cross_entropy(logits, y))), rel=1e-5)
     # MMD: zero for identical samples, positive otherwise, symmetric

@@ -64,12 +64,12 @@ def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
     return interpolate(local, glob, alpha, names=glob)
 
 
-def mixture_loss(params: Params, batch, model, names: list[str]) -> torch.Tensor:
+def mixture_loss(params: Params, batch, names: list[str]) -> torch.Tensor:
     """``f(v_bar)`` on the batch with ``v_bar = alpha v + (1 - alpha) stop_grad(w)``: its gradients are APFL's
     ``v`` and ``alpha`` updates (Alg. 1, Eq. 10) and it adds nothing to ``w``'s (``w`` takes FedAvg's step)."""
     glob = {n: params[n].detach() for n in names}
     local = unflatten(params[LOCAL], glob)
-    out = functional_call(model, mix(local, glob, params[ALPHA]), (batch.x,))
+    out = functional_call(batch.model, mix(local, glob, params[ALPHA]), (batch.x,))
     return F.cross_entropy(out, batch.y)
 
 
@@ -92,7 +92,7 @@ class APFL(Method):
         names = list(params)
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
-        term = LossTerm(mixture_loss, {"model": ctx.model, "names": names}, name="apfl_mixture")
+        term = LossTerm(mixture_loss, {"names": names}, name="apfl_mixture")
         res = yield self.train_spec(work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
         cstate = self.record_training(res, cstate, ctx)
         alpha = res.params[ALPHA].clamp(0.0, 1.0) if self.opts.clip else res.params[ALPHA]

@@ -42,7 +42,6 @@ from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, Message, State
 from fedblend.core.training import LossTerm
-from fedblend.models.zoo import FedModel
 
 
 @dataclass(frozen=True)
@@ -100,12 +99,12 @@ def mmd(a: torch.Tensor, b: torch.Tensor, bandwidths: tuple[float, ...] | None =
 PFLLIB_BANDWIDTHS = (20.0, 30.0, 40.0, 100.0)  # PFLlib's exp(-0.5 d / a), a = 10, 15, 20, 50, as exp(-d / s)
 
 
-def transfer_loss(params: Params, batch, model: FedModel, hpm: Params, lam: float, transfer: str,
-                  temperature: float) -> torch.Tensor:
+def transfer_loss(params: Params, batch, hpm: Params, lam: float, transfer: str, temperature: float
+                  ) -> torch.Tensor:
     """The part of ``(1 - lam) CE + lam D`` that plain training does not add: ``lam (D - CE)``."""
     ce = F.cross_entropy(batch.logits, batch.y)
     with torch.no_grad():
-        teacher = functional_call(model, hpm, (batch.x,), {} if transfer == "kd" else {"part": "features"})
+        teacher = functional_call(batch.model, hpm, (batch.x,), {} if transfer == "kd" else {"part": "features"})
     if transfer == "kd":
         d = -(F.softmax(teacher / temperature, 1) * F.log_softmax(batch.logits, 1)).sum(1).mean()
     else:
@@ -128,7 +127,7 @@ class FedPHP(FedAvg):
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         if not self.opts.lam:
             return ()
-        args = {"model": ctx.model, "hpm": cstate["hpm"], "lam": self.opts.lam, "transfer": self.opts.transfer,
+        args = {"hpm": cstate["hpm"], "lam": self.opts.lam, "transfer": self.opts.transfer,
                 "temperature": self.opts.temperature}
         return (LossTerm(transfer_loss, args, needs_features=self.opts.transfer != "kd", name="transfer"),)
 

@@ -49,12 +49,15 @@ class TrainConfig:
 
 @dataclass
 class Batch:
-    """What a loss term sees for one mini-batch (``features`` only when a term asks for them)."""
+    """What a loss term sees for one mini-batch (``features`` only when a term asks for them), and the model
+    being trained (for terms that run it on other parameters: APFL's mixture, FedPHP's teacher), so that a
+    term's ``args`` stay data."""
 
     x: torch.Tensor
     y: torch.Tensor
     logits: torch.Tensor
     features: torch.Tensor | None = None
+    model: nn.Module | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
         loss = F.cross_entropy(out, yb)
         total_loss = loss
         if loss_terms:
-            batch = Batch(xb, yb, out, feats)
+            batch = Batch(xb, yb, out, feats, model)
             for term in loss_terms:
                 total_loss = total_loss + term(work, batch)
         grads = torch.autograd.grad(total_loss, leaves)
