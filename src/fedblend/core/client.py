@@ -81,13 +81,18 @@ class ClientRuntime:
 
     def handle(self, job: ClientJob) -> ClientResult:
         t0 = time.perf_counter()
-        ctx = self.ctx(job.cid, job.rnd, job.phase)
-        state = job.state if job.state is not None else self.method.init_client(ctx)
+        ctx, state = self.begin(job)
         if job.phase == EVALUATE:
             return ClientResult(self.evaluate(job.msg, state, ctx), None, {})
         reply, state = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
         ctx.stats["client_seconds"] = time.perf_counter() - t0
         return ClientResult(reply, state, ctx.stats)
+
+    def begin(self, job: ClientJob) -> tuple[ClientCtx, State]:
+        """The job's client context and the client's state (initialised on the client at first contact): how
+        every runtime (this one's :meth:`handle`, the vmap backend's lock-step driver) starts a job."""
+        ctx = self.ctx(job.cid, job.rnd, job.phase)
+        return ctx, (job.state if job.state is not None else self.method.init_client(ctx))
 
     def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[Params, Params | None, tuple]:
         """The client's personalized model (``method.eval_params``), the global model if the message carries

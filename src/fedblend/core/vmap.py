@@ -229,8 +229,7 @@ class VmapBackend(Backend):
             if job.phase == EVALUATE:
                 continue
             t0 = time.perf_counter()
-            ctx = self.runtime.ctx(job.cid, job.rnd, job.phase)
-            state = job.state if job.state is not None else self.method.init_client(ctx)
+            ctx, state = self.runtime.begin(job)
             gen = self.method.client_step(job.phase, job.msg, state, ctx)
             self._advance(i, ctx, gen, None, time.perf_counter() - t0, live, out, first=True)
         while live:
@@ -265,8 +264,7 @@ class VmapBackend(Backend):
         clients are scored in one pass."""
         items = []  # (job index, "" or "global_", params, x, y)
         for i, job in enumerate(jobs):
-            ctx = self.runtime.ctx(job.cid, job.rnd, job.phase)
-            state = job.state if job.state is not None else self.method.init_client(ctx)
+            ctx, state = self.runtime.begin(job)
             params, glob, (x, y) = self.runtime.eval_models(job.msg, state, ctx)
             items.append((i, "", params, x, y))
             if glob is not None:
@@ -292,6 +290,3 @@ class VmapBackend(Backend):
             reply, state = stop.value
             ctx.stats["client_seconds"] = spent + time.perf_counter() - t0
             out[i] = ClientResult(reply, state, ctx.stats)
-
-    def close(self) -> None:
-        pass
