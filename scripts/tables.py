@@ -57,6 +57,8 @@ class Table:
     columns: tuple[tuple[str, str], ...]
     rows: tuple[Row, ...]
     gains: bool = False  # ALA tables: a "gain" cell for X+ala rows over X
+    scale: float = 100.0  # cell values are the metric times this (accuracies in %; 1.0 for rounds)
+    missing: str = "-"  # a finished run whose metric is null (e.g. a target never reached)
 
 
 def _paper(pat: float | None, dr: float | None) -> dict[str, float]:
@@ -94,7 +96,20 @@ ALA = Table("ala", "docs/benchmarks.md", "results/ala", (("dir", "T1 Dir(0.1)"),
         Row(host, host, {}, "global_best_accuracy" if host in ("fedavg", "fedprox") else "best_accuracy"),
         Row(f"{host}+ala", f"{host}+ala"))), gains=True)
 
-TABLES = {t.name: t for t in (T1, T3, ALA)}
+# T4 (pFedRLLA's protocol, issue #25: 100 clients, 10 % join, 5 local epochs; the budget is each run's `rounds`):
+# columns are dataset-partition folders, rows the paper's baselines and pFedRLLA with / without its pre-trained
+# agent (the row folder is the `collect --row` name). No published numbers here (its paper has no FMNIST / MNIST rows).
+T4_COLUMNS = (("fmnist-pat2", "FMNIST pathological s = 2"), ("mnist-domains", "MNIST*"),
+              ("fmnist-dir0.1", "FMNIST Dir(0.1)"))
+T4_ROWS = (("local", "Local-only"), ("fedavg", "FedAvg"), ("fedavg-ft", "FedAvg-FT"), ("fedala", "FedALA"),
+           ("ditto", "Ditto"), ("apfl", "APFL"), ("fedbabu", "FedBABU"), ("fedphp", "FedPHP"),
+           ("pfedrlla", "pFedRLLA (agent not pre-trained)"), ("pfedrlla-pretrained", "pFedRLLA (pre-trained agent)"))
+T4 = Table("t4", "docs/benchmarks.md", "results/t4", T4_COLUMNS, tuple(Row(k, label) for k, label in T4_ROWS))
+T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
+                  tuple(Row(k, label, metric="rounds_to_target") for k, label in T4_ROWS), scale=1.0,
+                  missing="target not reached")
+
+TABLES = {t.name: t for t in (T1, T3, ALA, T4, T4_ROUNDS)}
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -108,13 +123,23 @@ def load_runs(folder: Path) -> list[dict]:
     return sorted(out, key=lambda s: s["seed"])
 
 
-def cell(summaries: list[dict], metric: str, paper: float | None) -> str:
-    """``mean ± std`` (sample std over seeds) in %, the seed count when under 3, the paper's number in brackets."""
+def cell(summaries: list[dict], metric: str, paper: float | None, scale: float = 100.0, missing: str = "-") -> str:
+    """``mean ± std`` (sample std over seeds) of the metric times ``scale`` (% by default), the seed count when
+    under 3, the paper's number in brackets; runs whose metric is null are counted as ``missing`` (e.g. "not
+    reached: 2 of 3 seeds")."""
     vals = [s.get(metric) for s in summaries]
+    nulls = sum(v is None for v in vals)
     vals = [v for v in vals if v is not None]
-    text = mean_std_cell(vals) if vals else "not run"
+    if not summaries:
+        text = "not run"
+    elif not vals:
+        text = missing
+    else:
+        text = mean_std_cell(vals, scale)
     if vals and len(vals) < 3:
         text += f" ({len(vals)} seed{'s' if len(vals) > 1 else ''})"
+    if vals and nulls:
+        text += f"; {missing}: {nulls} of {len(summaries)} seeds"
     return text + (f" [{paper:.2f}]" if paper is not None else "")
 
 
@@ -139,7 +164,7 @@ def render(table: Table, repo: Path = REPO) -> str:
     for row in table.rows:
         cells = [row.label]
         for c, _ in table.columns:
-            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c)))
+            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c), table.scale, table.missing))
         if table.gains:
             if row.key.endswith("+ala"):
                 host = row.key[:-4]
@@ -249,14 +274,15 @@ def check(repo: Path = REPO) -> list[str]:
     return out
 
 
-def collect(sweep: Path, dest: Path) -> list[Path]:
-    """Copy every finished run under ``sweep`` to ``dest/<method>/seed<S>`` (its three run files only)."""
+def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
+    """Copy every finished run under ``sweep`` to ``dest/<row>/seed<S>`` (its three run files only); the row is
+    the run's method unless given (two rows of one method, e.g. pFedRLLA with and without its pre-trained agent)."""
     copied = []
     for summary in sorted(sweep.rglob("summary.json")):
         s = json.loads(summary.read_text())
         if s.get("status", "finished") != "finished":
             continue
-        out = dest / s["method"] / f"seed{s['seed']}"
+        out = dest / (row or s["method"]) / f"seed{s['seed']}"
         out.mkdir(parents=True, exist_ok=True)
         for f in RUN_FILES:
             shutil.copy2(summary.parent / f, out / f)
@@ -271,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="copy a sweep's finished runs into results/")
     c.add_argument("sweep")
     c.add_argument("dest")
+    c.add_argument("--row", help="the row folder (default: each run's method)")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
-        for p in collect(Path(args.sweep), Path(args.dest)):
+        for p in collect(Path(args.sweep), Path(args.dest), args.row):
             print(p)
         return 0
     if args.check:

@@ -107,3 +107,28 @@ def test_collect_copies_only_the_run_files_of_finished_runs(tmp_path, tables):
     copied = tables.collect(sweep, tmp_path / "results" / "t3" / "pat")
     assert copied == [tmp_path / "results" / "t3" / "pat" / "ditto" / "seed0"]
     assert sorted(p.name for p in copied[0].iterdir()) == ["config.toml", "metrics.jsonl", "summary.json"]
+
+
+def test_t4_rounds_to_target_counts_the_seeds_that_never_reached_it(tmp_path, tables):
+    for seed, hit in enumerate([40, 60, None]):
+        _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla", seed, method="pfedrlla", best_accuracy=0.9,
+             rounds_to_target=hit)
+    _run(tmp_path, "results/t4/fmnist-pat2/local", 0, method="local", best_accuracy=0.8, rounds_to_target=None)
+    rounds = tables.render(tables.T4_ROUNDS, tmp_path)
+    assert ("| pFedRLLA (agent not pre-trained) | 50.00 ± 14.14 (2 seeds); target not reached: 1 of 3 seeds "
+            "| not run | not run |") in rounds
+    assert "| Local-only | target not reached | not run | not run |" in rounds
+    assert "| pFedRLLA (agent not pre-trained) | 90.00 ± 0.00 | not run | not run |" in tables.render(tables.T4, tmp_path)
+
+
+def test_collect_files_two_rows_of_one_method_apart(tmp_path, tables):
+    for name in ("a", "b"):
+        d = tmp_path / "sweep" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "finished", "method": "pfedrlla", "seed": 0}))
+        (d / "config.toml").write_text("")
+        (d / "metrics.jsonl").write_text("")
+    tables.collect(tmp_path / "sweep" / "a", tmp_path / "out")
+    tables.collect(tmp_path / "sweep" / "b", tmp_path / "out", row="pfedrlla-pretrained")
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").glob("*/seed0")) == \
+        ["pfedrlla-pretrained/seed0", "pfedrlla/seed0"]
