@@ -13,7 +13,7 @@ What cannot be batched runs one by one through the sequential path, with a one-l
 reason in every round's metrics, :meth:`VmapBackend.report`): clients whose work
 includes an own loop (``Method.has_own_loop``: ALA's weight learning, inner solvers) and specs with loss terms
 that look at the batch (only terms with ``uses_batch = False``, such as FedProx's proximal term, are batched)
-or shift the features (DBE).
+or that bring their own forward pass (a :class:`~fedblend.core.training.Forward`, e.g. DBE's).
 Evaluation is batched across clients where the model allows it: clients whose evaluated model is the same
 tensors (FedAvg's global model, every client's ``"global"`` record) are scored in one pass over their
 concatenated data, split back per client (:func:`evaluate_shared`); other models are scored per client.
