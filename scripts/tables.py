@@ -201,21 +201,32 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
             accs = _curve(extra, key)
             if last in accs:
                 seeds.append(accs[last] * 100)
-        same_init = None  # fedblend started from the reference's initial weights (config init), if run
-        if (folder / "fedblend-pflib-init" / "metrics.jsonl").exists():
-            accs = _curve(folder / "fedblend-pflib-init" / "metrics.jsonl", key)
-            d = [(accs[r] - theirs[r]) * 100 for r in common if r in accs]
-            if len(d) == len(common):
-                w = max(range(len(d)), key=lambda i: abs(d[i]))
-                same_init = {"max_diff": d[w], "max_round": common[w], "ours": accs[last] * 100}
+        # fedblend started from the reference's initial weights (config init), and with the options that reproduce
+        # the reference's behaviour as well, where run
+        same_init, as_ref = (_variant(folder / sub / "metrics.jsonl", key, theirs, common)
+                             for sub in ("fedblend-pflib-init", "fedblend-as-reference"))
         verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
         rows.append({"method": folder.name + ("" if key == "acc" else f" (`{key}`)"), "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
                      "rounds": len(common), "max_diff": diffs[worst], "max_round": common[worst], "last": last,
                      "ours": ours[last] * 100, "theirs": theirs[last] * 100, "other_seeds": seeds,
-                     "same_init": same_init,
+                     "same_init": same_init, "as_reference": as_ref,
                      "verdict": " ".join(verdict.split())})
     return rows
+
+
+def _variant(metrics: Path, key: str, theirs: dict[int, float], common: list[int]) -> dict | None:
+    """A variant run's largest per-round difference to the reference (signed, with its round) and its last-round
+    accuracy, over the rounds both have (None when the run is absent or does not cover them)."""
+    if not metrics.exists():
+        return None
+    accs = _curve(metrics, key)
+    d = [(accs[r] - theirs[r]) * 100 for r in common if r in accs]
+    if len(d) != len(common):
+        return None
+    w = max(range(len(d)), key=lambda i: abs(d[i]))
+    return {"max_diff": d[w], "max_round": common[w], "ours": accs[common[-1]] * 100,
+            "mean_diff": sum(d) / len(d)}
 
 
 def _curve(metrics: Path, key: str) -> dict[int, float]:
@@ -226,14 +237,17 @@ def _curve(metrics: Path, key: str) -> dict[int, float]:
 def render_validation(repo: Path = REPO) -> str:
     lines = ["| method | reference (repository, commit) | rounds | max per-round difference (points) | "
              "last round: ours / reference % | other seeds (ours) % | from the reference's initial weights: max "
-             "difference; last round ours % | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "difference; last round ours % | with the reference's options and initial weights: max difference; "
+             "mean difference; last round ours % | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in validation_rows(repo):
         seeds = " / ".join(f"{v:.2f}" for v in r["other_seeds"]) or "-"
-        si = r["same_init"]
+        si, ar = r["same_init"], r["as_reference"]
         same = "-" if si is None else f"{si['max_diff']:+.2f} (round {si['max_round']}); {si['ours']:.2f}"
+        asref = "-" if ar is None else (f"{ar['max_diff']:+.2f} (round {ar['max_round']}); {ar['mean_diff']:+.2f}; "
+                                        f"{ar['ours']:.2f}")
         lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:+.2f} "
                      f"(round {r['max_round']}) | {r['ours']:.2f} / {r['theirs']:.2f} ({r['ours'] - r['theirs']:+.2f}) "
-                     f"| {seeds} | {same} | {r['verdict']} |")
+                     f"| {seeds} | {same} | {asref} | {r['verdict']} |")
     return "\n".join(lines)
 
 

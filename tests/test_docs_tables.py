@@ -90,13 +90,18 @@ def test_validation_row_compares_round_by_round(tmp_path, tables):
     (row,) = tables.validation_rows(tmp_path)
     assert row["max_diff"] == pytest.approx(4.0) and row["max_round"] == 2 and row["last"] == 3
     assert (row["ours"], row["theirs"]) == (pytest.approx(80.0), pytest.approx(80.5))
-    assert "| fedavg | TsingZ0/PFLlib @ abcdef0123 | 3 | +4.00 (round 2) | 80.00 / 80.50 (-0.50) | - | - | agrees |" in \
-        tables.render_validation(tmp_path)
+    assert ("| fedavg | TsingZ0/PFLlib @ abcdef0123 | 3 | +4.00 (round 2) | 80.00 / 80.50 (-0.50) | - | - | - "
+            "| agrees |") in tables.render_validation(tmp_path)
     # fedblend from the reference's initial weights: its own column, compared round by round as well
     (folder / "fedblend-pflib-init").mkdir()
     same = [{"round": r, "acc": a} for r, a in [(1, 0.53), (2, 0.64), (3, 0.81)]]
     (folder / "fedblend-pflib-init" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in same))
-    assert "| 80.00 / 80.50 (-0.50) | - | -2.00 (round 2); 81.00 | agrees |" in tables.render_validation(tmp_path)
+    assert "| 80.00 / 80.50 (-0.50) | - | -2.00 (round 2); 81.00 | - | agrees |" in tables.render_validation(tmp_path)
+    # and with the options that reproduce the reference's behaviour: the mean difference as well
+    (folder / "fedblend-as-reference").mkdir()
+    asref = [{"round": r, "acc": a} for r, a in [(1, 0.52), (2, 0.67), (3, 0.80)]]
+    (folder / "fedblend-as-reference" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in asref))
+    assert "| -2.00 (round 2); 81.00 | +1.00 (round 2); +0.17; 80.00 | agrees |" in tables.render_validation(tmp_path)
 
 
 def test_collect_copies_only_the_run_files_of_finished_runs(tmp_path, tables):

@@ -68,3 +68,44 @@ def test_dbe_bias_stays_on_the_client(tiny_fed):
     assert PRBM not in reply.params() and set(reply.params()) == set(sim.run_info.init_params)
     assert state["prbm"].abs().sum() > 0  # trained after the initialisation round
     assert set(reply.params("dbe")) == {"client_mean"}
+
+
+def test_dbe_init_pass_before_round_one_trains_every_round_with_dbe(tiny_fed):
+    """``init_pass = "before"`` (the authors' code / PFLlib): round 1 opens with a plain training pass whose only
+    result is zbar^g, so round 1 already trains the bias; the default trains round 1 as plain FedAvg."""
+    before = tiny_sim(tiny_fed, "dbe", {"init_pass": "before"}, rounds=2, seed=3)
+    plain = tiny_sim(tiny_fed, "dbe", rounds=2, seed=3)
+    before.run_round(), plain.run_round()
+    assert before.server["global_mean"] is not None and plain.server["global_mean"] is not None
+    assert all(st["prbm"].abs().sum() > 0 for st in before.store.states.values())  # DBE acted in round 1
+    assert all(st["prbm"].abs().sum() == 0 for st in plain.store.states.values())  # round 1 = init period
+    # the pass costs one more download and upload per client in round 1, and only then
+    assert all(b > 2 * p - 1 for b, p in zip(before.history[0]["bytes_down"], plain.history[0]["bytes_down"]))
+    before.run_round(), plain.run_round()
+    assert before.method.phases(before.sctx(1)) == ("train",)
+
+
+def test_dbe_init_pass_is_discarded_and_gives_the_sample_weighted_mean(tiny_fed):
+    """The pass changes no client state and not the global model; zbar^g is the sample-weighted mean of the
+    clients' feature means of a plain training from the initial model."""
+    from fedblend.algorithms.dbe import INIT
+    from fedblend.core.client import ClientJob
+
+    sim = tiny_sim(tiny_fed, "dbe", {"init_pass": "before"}, rounds=1, seed=3)
+    runtime = sim.client_runtime()
+    sctx = sim.sctx(0)
+    replies, means, sizes = {}, [], []
+    for cid in range(tiny_fed.num_clients):
+        msg = sim.method.configure(INIT, sim.server, cid, sctx)
+        assert "dbe" not in msg.arrays  # no global mean yet: plain training
+        res = runtime.handle(ClientJob(INIT, cid, 0, msg, None))
+        init_state = sim.method.init_client(runtime.ctx(cid, 0, INIT))
+        assert set(res.state) == set(init_state) and all(torch.equal(res.state[k], init_state[k])
+                                                          for k in init_state if torch.is_tensor(init_state[k]))
+        replies[cid] = res.reply
+        means.append(res.reply.params("dbe")["client_mean"])
+        sizes.append(res.reply.metrics["num_samples"])
+    out = sim.method.aggregate(INIT, sim.server, replies, sctx)
+    expect = sum(m.double() * n for m, n in zip(means, sizes)) / sum(sizes)
+    assert torch.allclose(out["global_mean"].double(), expect, atol=1e-6)
+    assert all(torch.equal(out["global"][k], sim.server["global"][k]) for k in sim.server["global"])

@@ -18,10 +18,14 @@ bias, which is exact because the head's first layer is linear).
 
 Choices where paper and code are silent or differ (``docs/methods/dbe.md``):
 
-* Initialisation period: the authors' code trains every client once without DBE before round 1 only to get the
-  client means. Here the first round is that period (``global_mean = "first"``): its clients train plain FedAvg
-  and report ``zbar_i^g`` over their training data after training; the server fixes ``zbar^g`` from them and sends
-  it from then on. ``global_mean = "every"`` refreshes it from every round's replies.
+* Initialisation period: the authors' code (and PFLlib's FedDBE) trains every client once without DBE before round
+  1 only to get the client means, then discards that training. Here, by default, the first round is that period
+  (``init_pass = "round1"``, ``global_mean = "first"``): its clients train plain FedAvg and report ``zbar_i^g``
+  over their training data after training; the server fixes ``zbar^g`` from them and sends it from then on.
+  ``init_pass = "before"`` reproduces the code: round 1 opens with an extra exchange (phase ``"dbe_init"``) in
+  which the round's clients train once from the received global model without DBE and reply only ``zbar_i^g``
+  (the training is discarded; their states do not change), so every round, the first included, trains with the
+  bias and the regulariser. ``global_mean = "every"`` refreshes ``zbar^g`` from every round's replies.
 * ``zbar_i^g`` in the regulariser: the authors' code keeps an exponential running mean of the batch means (its
   FMNIST script sets momentum 1, i.e. the current batch mean); a loss term here is stateless, so it is the
   current batch mean (= that script).
@@ -31,7 +35,7 @@ Choices where paper and code are silent or differ (``docs/methods/dbe.md``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -41,10 +45,11 @@ from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
-from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
 from fedblend.core.training import Batch, Forward, LossTerm, TrainResult, forward
 from fedblend.models.zoo import FedModel
 
+INIT = "dbe_init"  # the phase of the initialisation pass (``init_pass = "before"``)
 PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters (not a model parameter)
 
 
@@ -52,12 +57,15 @@ PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters 
 class DBEOptions:
     """Defaults: the paper; ``kappa`` from the authors' FMNIST script (``-klw 50``)."""
 
-    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every")}
+    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every"), "init_pass": ("round1", "before")}
     RANGES: ClassVar[dict] = {"kappa": ">= 0"}
 
     kappa: float = opt(50.0, "weight of the mean regularisation (MR)")
     prbm: bool = opt(True, "the personalized representation bias (False: no bias, MR alone)")
     global_mean: str = opt("first", '"first": fixed after the first round (init period); "every": refreshed each round')
+    init_pass: str = opt("round1", '"round1": round 1 is the initialisation period (plain FedAvg training gives '
+                         'zbar^g); "before": round 1 opens with a discarded plain training pass of its clients '
+                         'that only yields zbar^g (the authors\' code / PFLlib), so every round trains with DBE')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -99,8 +107,29 @@ class DBE(Method):
     client_keeps_model = False
 
     # ------------------------------------------------------------------------------------------ server
+    def phases(self, sctx: ServerCtx) -> Sequence[str]:
+        """Round 1 opens with the initialisation pass under ``init_pass = "before"``."""
+        return (INIT, "train") if self.opts.init_pass == "before" and sctx.rnd == 0 else ("train",)
+
     def init_server(self, sctx: ServerCtx) -> State:
         return {**super().init_server(sctx), "global_mean": None}
+
+    def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
+        if phase == INIT:  # the global model, without a global mean (the clients train plain FedAvg)
+            return super().configure_train(server, cid, sctx)
+        return super().configure(phase, server, cid, sctx)
+
+    def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        if phase == INIT:  # only zbar^g; the global model is not touched
+            return {**server, "global_mean": self._global_mean(replies)}
+        return super().aggregate(phase, server, replies, sctx)
+
+    @staticmethod
+    def _global_mean(replies: Mapping[int, Message]) -> torch.Tensor:
+        """``zbar^g = sum_i n_i zbar_i^g / sum_i n_i`` over the replies."""
+        cids = sorted(replies)
+        means = [{"m": replies[c].params("dbe")["client_mean"]} for c in cids]
+        return weighted_average(means, [replies[c].metrics["num_samples"] for c in cids])["m"]
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         msg = super().configure_train(server, cid, sctx)
@@ -112,12 +141,23 @@ class DBE(Method):
         """FedAvg of the models; ``zbar^g = sum_i n_i zbar_i^g / sum_i n_i`` (first round, or every round)."""
         out = super().aggregate_train(server, replies, sctx)
         if server["global_mean"] is None or self.opts.global_mean == "every":
-            cids = sorted(replies)
-            means = [{"m": replies[c].params("dbe")["client_mean"]} for c in cids]
-            out["global_mean"] = weighted_average(means, [replies[c].metrics["num_samples"] for c in cids])["m"]
+            out["global_mean"] = self._global_mean(replies)
         return out
 
     # ------------------------------------------------------------------------------------------ client
+    def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        if phase == INIT:
+            return self.client_init_pass(msg, cstate, ctx)
+        return super().client_step(phase, msg, cstate, ctx)
+
+    def client_init_pass(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        """``init_pass = "before"``: plain local training from the received model (no bias, no regulariser) and
+        ``zbar_i^g`` of the trained model over the training split; the training is discarded (state unchanged)."""
+        params = self.client_init(msg, cstate, ctx)
+        res = yield self.train_spec(params, msg, cstate, ctx)
+        mean = feature_mean(ctx.model, res.params, ctx.data.train_x)
+        return Message({"dbe": {"client_mean": mean}}, {"num_samples": ctx.data.num_train}), cstate
+
     def init_client(self, ctx: ClientCtx) -> State:
         state = super().init_client(ctx)
         if self.opts.prbm:
