@@ -7,6 +7,7 @@ Layout of ``results/`` (each run folder holds only ``config.toml``, ``summary.js
     results/validation/<method>/fedblend/        fedblend's side of a side-by-side run
     results/validation/<method>/reference.json   the reference implementation's per-round accuracy (+ where from)
     results/validation/<method>/verdict.md       the verdict in words (one paragraph)
+    results/probes/<table>/<column>/<name>/seed<S>/  a probe run a doc cites (no generated table)
 
 A generated table sits in a doc between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``; nothing between the
 markers is typed by hand.
