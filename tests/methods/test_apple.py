@@ -45,6 +45,33 @@ def test_apple_step_gradients_by_hand(tiny_fed):
     assert torch.allclose(new_dr, dr - 0.1 * (gp + 0.2 * (dr - prior)), atol=1e-5)
 
 
+def test_apple_step_with_a_kept_buffer_equals_autograd_through_the_stacked_cores_bit_for_bit(tiny_fed):
+    """The step's own mixture function (a float64 buffer of the received cores kept across steps, only the own row
+    rewritten) gives exactly what autograd gives through re-stacking the cores each batch (its earlier form)."""
+    from fedblend.algorithms.apple import stacked64
+
+    sim = tiny_sim(tiny_fed, "apple", rounds=1)
+    model, init = sim.model, sim.run_info.init_params
+    g = torch.Generator().manual_seed(1)
+    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(4)]) for k, v in init.items()}
+    own = {k: v[2] + 0.05 for k, v in cores.items()}
+    dr, prior = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.25, 0.25, 0.25, 0.25])
+    data = tiny_fed.clients[0]
+    buffer, a_own, a_dr, b_own, b_dr = stacked64(cores), own, dr, own, dr
+    for lo in (0, 8, 16):  # three steps: the buffer is reused, its own row rewritten each time
+        x, y = data.train_x[lo : lo + 8], data.train_y[lo : lo + 8]
+        a_own, a_dr, a_loss = apple_step(model, a_own, 2, cores, a_dr, prior, x, y, 0.5, 0.1, 0.2, buffer)
+        own_t = {k: v.detach().clone().requires_grad_(True) for k, v in b_own.items()}
+        p = b_dr.detach().clone().requires_grad_(True)
+        stacked = {k: torch.cat([cores[k][:2], own_t[k].unsqueeze(0), cores[k][3:]]) for k in own_t}
+        loss = F.cross_entropy(functional_call(model, mixture(p, stacked), (x,)), y)
+        grads = torch.autograd.grad(loss, list(own_t.values()) + [p])
+        b_own = {k: (v - 0.5 * gr).detach() for (k, v), gr in zip(own_t.items(), grads[:-1])}
+        b_dr = (p - 0.1 * (grads[-1] + 0.2 * (p - prior))).detach()
+        assert a_loss == float(loss.detach())
+        assert all(torch.equal(a_own[k], b_own[k]) for k in own) and torch.equal(a_dr, b_dr)
+
+
 def test_apple_all_cores_down_own_core_up(tiny_fed):
     sim = tiny_sim(tiny_fed, "apple", rounds=3, seed=0)
     sim.run_round()

@@ -86,16 +86,48 @@ def data_prior(sizes: torch.Tensor) -> torch.Tensor:
     return full / full.sum()
 
 
+class _MixtureWithOwnRow(torch.autograd.Function):
+    """``sum_j p_j c_j`` (float64, as :func:`mixture`) where row ``cid`` of the stacked cores is the client's own
+    core: the other rows are a float64 buffer kept for the whole local training (only row ``cid`` is rewritten
+    each step), instead of re-stacking and converting every client's core for every batch. Forward and backward
+    run the same tensor operations as autograd through ``cat`` / ``to`` / ``mul`` / ``sum``, so results are equal
+    bit for bit (tested); the gradient of the full stacked tensor is never formed, only its row ``cid``."""
+
+    @staticmethod
+    def forward(ctx, p: torch.Tensor, own: torch.Tensor, buffer64: torch.Tensor, cid: int) -> torch.Tensor:
+        buffer64[cid].copy_(own.detach())
+        shape = (-1,) + (1,) * (buffer64.dim() - 1)
+        p64 = p.detach().to(torch.float64).view(shape)
+        ctx.save_for_backward(p64)
+        ctx.buffer64, ctx.cid, ctx.p_dtype, ctx.own_dtype = buffer64, cid, p.dtype, own.dtype
+        return (buffer64 * p64).sum(0).to(own.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (p64,) = ctx.saved_tensors
+        t64 = ctx.buffer64
+        g = grad_out.to(torch.float64).unsqueeze(0).expand_as(t64)
+        grad_p = (g * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1).to(ctx.p_dtype)
+        grad_own = (g[ctx.cid] * p64[ctx.cid]).to(ctx.own_dtype)
+        return grad_p, grad_own, None, None
+
+
+def stacked64(cores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The received cores in float64, the buffer :func:`apple_step` mixes from (row ``cid`` is overwritten)."""
+    return {k: v.detach().to(torch.float64) for k, v in cores.items()}
+
+
 def apple_step(model, own: Params, cid: int, cores: Mapping[str, torch.Tensor], dr: torch.Tensor,
                prior: torch.Tensor, x: torch.Tensor, y: torch.Tensor, core_lr: float, dr_lr: float,
-               lam_mu: float) -> tuple[Params, torch.Tensor, float]:
+               lam_mu: float, buffer64: dict[str, torch.Tensor] | None = None) -> tuple[Params, torch.Tensor, float]:
     """One APPLE mini-batch step (Eq. 3-5): gradients of the cross-entropy of the mixture w.r.t. the own core and
-    the DR vector, plus ``lam_mu (p - p0)`` on the DR vector. Returns the new core, DR vector and batch loss."""
+    the DR vector, plus ``lam_mu (p - p0)`` on the DR vector. Returns the new core, DR vector and batch loss.
+    ``buffer64`` (:func:`stacked64` of ``cores``, reused across the steps of a local training) saves re-stacking
+    the cores per batch; without it one is built."""
+    buffer64 = stacked64(cores) if buffer64 is None else buffer64
     own_t = {k: v.detach().clone().requires_grad_(True) for k, v in own.items()}
     p = dr.detach().clone().requires_grad_(True)
-    stacked = {k: torch.cat([cores[k][:cid].detach(), own_t[k].unsqueeze(0), cores[k][cid + 1 :].detach()])
-               for k in own_t}
-    w = mixture(p, stacked)
+    w = {k: _MixtureWithOwnRow.apply(p, own_t[k], buffer64[k], cid) for k in own_t}
     loss = F.cross_entropy(functional_call(model, w, (x,)), y)
     grads = torch.autograd.grad(loss, list(own_t.values()) + [p])
     new_own = {k: (v - core_lr * g).detach() for (k, v), g in zip(own_t.items(), grads[:-1])}
@@ -175,9 +207,10 @@ class APPLE(Method):
         lam_mu = prior_weight(ctx.rnd, self.opts.L * ctx.run.rounds, self.opts.schedule) * self.opts.mu
         x, y = ctx.data.train_x, ctx.data.train_y
         total, seen, steps = 0.0, 0, 0
+        buffer64 = stacked64(cores)
         for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
-                                       self.opts.dr_lr, lam_mu)
+                                       self.opts.dr_lr, lam_mu, buffer64)
             total += loss * len(idx)
             seen += len(idx)
             steps += 1
