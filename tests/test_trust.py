@@ -114,19 +114,16 @@ def test_default_out_dir_never_collides(tmp_path, monkeypatch):
     assert default_out_dir(cfg) == Path("runs/synthetic-dirichlet-fedavg-seed0-3")
 
 
-def test_interrupt_after_a_round_says_how_to_resume(tmp_path, capsys):
+def test_interrupt_after_a_round_says_how_to_resume(tmp_path, capsys, monkeypatch):
     def ctrl_c(m, sim):
         if m["round"] == 1:
             raise KeyboardInterrupt
 
-    import fedblend.experiment as experiment
+    import fedblend.progress
 
-    orig = experiment.Progress
-    experiment.Progress = lambda total, label: ctrl_c
-    try:
-        rc = main(["run", *[a for a in BASE if a != "--quiet"], "--out", str(tmp_path / "r")])
-    finally:
-        experiment.Progress = orig
+    monkeypatch.setattr(fedblend.progress, "Progress", lambda total, label: ctrl_c)
+    rc = main(["run", *[a for a in BASE if a != "--quiet"], "--out", str(tmp_path / "r")])
+    monkeypatch.undo()
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 130 and len(err) == 1
     assert err[0] == (f"fedblend: error: interrupted after round 1; resume with: fedblend run "
