@@ -46,6 +46,7 @@ from fedblend.common.codec import decode, encode
 from fedblend.core.backends import ProcessBackend, SequentialBackend
 from fedblend.core.client import ClientRuntime
 from fedblend.core.engine import Simulation
+from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import Method
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
@@ -78,11 +79,12 @@ def make_method(method: MethodLike, options: Mapping[str, Any] | None = None,
 
 
 def tiny_sim(fed: FederatedData, method: MethodLike = "fedavg", options=None, transforms=None, rounds: int = 3,
-             seed: int = 0, model: str = "mlp", join_ratio: float = 1.0, backend=None, **train) -> Simulation:
+             seed: int = 0, model: str = "mlp", join_ratio: float = 1.0, backend=None,
+             protocol: EvalProtocol | None = None, **train) -> Simulation:
     """A simulation of ``method`` on ``fed`` (lr 0.05, batch 16, one epoch unless ``train`` says otherwise)."""
     cfg = TrainConfig(**{"lr": 0.05, "batch_size": 16, "epochs": 1, **train})
     return Simulation.create(make_method(method, options, transforms), fed, model, cfg, rounds, seed,
-                             SamplingConfig(join_ratio=join_ratio), backend=backend)
+                             SamplingConfig(join_ratio=join_ratio), protocol, backend=backend)
 
 
 def without_timings(history: list[dict]) -> list[dict]:
@@ -227,14 +229,17 @@ def check_client_half_isolated(method: MethodLike, fed: FederatedData, options=N
 
 def check_process_backend_equals_sequential(method: MethodLike, fed: FederatedData, options=None, transforms=None,
                                             model: str = "mlp") -> None:
-    """Worker processes (each holding only its clients' data) give the sequential backend's results bit for bit."""
-    kw = {**_opts(options, transforms), "model": model, "momentum": 0.5, "optimizer_state": "keep"}
+    """Worker processes (each holding only its clients' data) give the sequential backend's results bit for bit,
+    the before / after local training scores (``eval.before_after``) included."""
+    kw = {**_opts(options, transforms), "model": model, "momentum": 0.5, "optimizer_state": "keep",
+          "protocol": EvalProtocol(before_after=True)}
     seq = tiny_sim(fed, method, rounds=2, seed=5, join_ratio=0.75, **kw)
     seq.run()
     with tiny_sim(fed, method, rounds=2, seed=5, join_ratio=0.75, backend=ProcessBackend(workers=2, threads=1),
                   **kw) as par:
         par.run()
     assert without_timings(seq.history) == without_timings(par.history), "process backend != sequential"
+    assert all("bp_acc" in m and "ap_acc" in m for m in par.history), "no before / after scores"
     assert same_state(seq.server, par.server) and same_state(seq.store.states, par.store.states)
 
 
