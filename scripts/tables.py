@@ -155,6 +155,39 @@ def gain_cell(host: list[dict], hosted: list[dict], host_metric: str) -> str:
     return f"{d.mean():+.2f}" + ("" if len(d) == 1 else f" (per seed {' / '.join(f'{x:+.2f}' for x in d)})")
 
 
+def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95) -> str:
+    """Row minus anchor, paired by seed (points): the mean difference, its Student-t interval with two or more
+    paired seeds (as ``fedblend report --compare``), and the seed count."""
+    from scipy import stats
+
+    a = {s["seed"]: s.get(metric) for s in runs}
+    b = {s["seed"]: s.get(anchor_metric) for s in anchor}
+    seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
+    if not seeds:
+        return "-"
+    d = np.array([a[k] - b[k] for k in seeds]) * 100
+    text = f"{d.mean():+.2f}"
+    if len(d) > 1 and d.std(ddof=1) > 0:
+        half = stats.t.ppf(0.5 + level / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+        text += f" [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]"
+    return text + f" ({len(d)} seed{'s' if len(d) > 1 else ''})"
+
+
+def render_paired(table: Table, anchor: str, repo: Path = REPO) -> str:
+    """Every row of ``table`` against the row ``anchor``, paired by seed, one column per setting."""
+    root = repo / table.root
+    base = next(r for r in table.rows if r.key == anchor)
+    lines = ["| method | " + " | ".join(f"{label}: minus {base.label}" for _, label in table.columns) + " |",
+             "|" + "---|" * (len(table.columns) + 1)]
+    for row in table.rows:
+        if row.key == anchor:
+            continue
+        cells = [paired_cell(load_runs(root / c / row.key), load_runs(root / c / anchor), row.metric, base.metric)
+                 for c, _ in table.columns]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render(table: Table, repo: Path = REPO) -> str:
     root = repo / table.root
     head = ["method"] + [f"{label} [paper]" if any(c in r.paper for r in table.rows) else label
@@ -253,6 +286,7 @@ def render_validation(repo: Path = REPO) -> str:
 
 
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
+             "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 

@@ -137,3 +137,16 @@ def test_collect_files_two_rows_of_one_method_apart(tmp_path, tables):
     tables.collect(tmp_path / "sweep" / "b", tmp_path / "out", row="pfedrlla-pretrained")
     assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").glob("*/seed0")) == \
         ["pfedrlla-pretrained/seed0", "pfedrlla/seed0"]
+
+
+def test_t1_rows_against_fedapa_are_paired_by_seed_with_a_t_interval(tmp_path, tables):
+    for seed, acc in enumerate([0.90, 0.92, 0.99]):
+        _run(tmp_path, "results/t1/pat/fedphp", seed, method="fedphp", best_accuracy=acc)
+    for seed, acc in enumerate([0.89, 0.90]):
+        _run(tmp_path, "results/t1/pat/fedapa", seed, method="fedapa", best_accuracy=acc)
+    _run(tmp_path, "results/t1/dir/fedamp", 4, method="fedamp", best_accuracy=0.9)
+    text = tables.render_paired(tables.T1, "fedapa", tmp_path)
+    # seeds 0 and 1 pair: differences +1 and +2 points; t(0.975, 1) = 12.706, half width 12.706 * 0.7071 / sqrt(2)
+    assert "| FedPHP | +1.50 [-4.85, +7.85] (2 seeds) | - |" in text
+    assert "| FedAMP | - | - |" in text  # no FedAPA run of its seed
+    assert "FedAPA |" not in text.split("\n", 2)[2]  # the anchor has no row of its own
