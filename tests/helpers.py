@@ -31,3 +31,11 @@ def history(out) -> list[dict]:
     from pathlib import Path
 
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+#: Seconds a live SuperNode may take to answer one exchange in the real-Flower tests. It must cover a slow or busy
+#: machine (one exchange starts a ClientApp process that imports flwr, torch and fedblend: about 17 s on an idle
+#: 2-core machine, over 25 s at load 9, where a 25 s timeout dropped a healthy node in round 1). A *killed* node is
+#: not found by this timeout: the SuperLink marks it offline once its heartbeats stop (Flower's 30 s interval x 2)
+#: and answers the pending message with a NODE_UNAVAILABLE error reply, which the backend reports as a fault.
+NODE_TIMEOUT = 300

@@ -33,7 +33,7 @@ from fedblend.flower import apps  # noqa: E402
 from fedblend.flower.backend import FlowerBackend  # noqa: E402
 from fedblend.flower.node import Node  # noqa: E402
 from fedblend.flower.wire import from_record, shape_errors, to_record  # noqa: E402
-from tests.helpers import history  # noqa: E402
+from tests.helpers import NODE_TIMEOUT, history  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -323,7 +323,7 @@ def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin, 
     monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     cfg = load_config(None, [*FMNIST_TINY, "rounds=4", "eval.every=4"])  # one exchange a round, then evaluation
     out, work = tmp_path / "out", tmp_path / "fed"
-    app = write_app(cfg, work / "app", out, real_data_dir, nodes=2, timeout=25)
+    app = write_app(cfg, work / "app", out, real_data_dir, nodes=2, timeout=NODE_TIMEOUT)
     cfgs = [f'partition-id={k} num-partitions=2 state-dir="{work / f"node-{k}"}"' for k in range(2)]
     with local_federation(work) as fed:
         fed.start_superlink()

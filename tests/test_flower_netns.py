@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("flwr", reason="the Flower extra is not installed (pip install 'fedblend[flower]')")
 
 from fedblend.config import load_config  # noqa: E402
-from tests.helpers import history  # noqa: E402
+from tests.helpers import NODE_TIMEOUT, history  # noqa: E402
 from tests.test_flower import FMNIST_TINY, _children, _logs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,7 +109,7 @@ def test_tls_auth_deployment_across_namespace_hosts_survives_a_killed_node(hosts
                                        key=str(certs / "node-3"))
         assert intruder.wait(120) != 0
         assert "Failed to activate SuperNode" in (work / "supernode-3.log").read_text()
-        app = write_app(cfg, work / "app", out, real_data_dir, nodes=3, timeout=25)
+        app = write_app(cfg, work / "app", out, real_data_dir, nodes=3, timeout=NODE_TIMEOUT)
         run = subprocess.Popen(fed._in_ns("flwr", [sys.executable, "-c",
                                                    "import sys; from flwr.cli.app import app; sys.exit(app())",
                                                    "run", str(app), CONNECTION, "--stream"]),
