@@ -114,24 +114,40 @@ TABLES = {t.name: t for t in (T1, T3, ALA, T4, T4_ROUNDS)}
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def load_runs(folder: Path) -> list[dict]:
-    """The finished runs' summaries under ``folder`` (one per ``seed*`` subfolder), sorted by seed."""
+def load_runs(folder: Path, status: str = "finished") -> list[dict]:
+    """The summaries of the runs under ``folder`` (one per ``seed*`` subfolder) whose status is ``status``
+    (``"finished"``: the runs a cell averages; ``"diverged"``: runs stopped by the divergence check, which a cell
+    names and never averages), sorted by seed."""
     out = []
     for s in sorted(folder.glob("seed*/summary.json")):
         summary = json.loads(s.read_text())
-        if summary.get("status", "finished") == "finished":
+        if summary.get("status", "finished") == status:
             out.append(summary)
     return sorted(out, key=lambda s: s["seed"])
 
 
-def cell(summaries: list[dict], metric: str, paper: float | None, scale: float = 100.0, missing: str = "-") -> str:
+def diverged_note(runs: list[dict]) -> str:
+    """``diverged: seed 0 (round 3)``: the seeds whose run stopped on a non-finite or exploding value, with the
+    round the summary's ``divergence`` names."""
+    if not runs:
+        return ""
+    seeds = ", ".join(f"{s['seed']} (round {s.get('divergence', {}).get('round', '?')})" for s in runs)
+    return f"diverged: seed{'s' if len(runs) > 1 else ''} {seeds}"
+
+
+def cell(summaries: list[dict], metric: str, paper: float | None, scale: float = 100.0, missing: str = "-",
+         diverged: list[dict] | None = None) -> str:
     """``mean ± std`` (sample std over seeds) of the metric times ``scale`` (% by default), the seed count when
     under 3, the paper's number in brackets; runs whose metric is null are counted as ``missing`` (e.g. "not
-    reached: 2 of 3 seeds")."""
+    reached: 2 of 3 seeds"); ``diverged`` runs are named with their seed and round, never averaged."""
     vals = [s.get(metric) for s in summaries]
     nulls = sum(v is None for v in vals)
     vals = [v for v in vals if v is not None]
-    if not summaries:
+    note = diverged_note(diverged or [])
+    if not summaries and note:
+        text = note
+        note = ""
+    elif not summaries:
         text = "not run"
     elif not vals:
         text = missing
@@ -141,6 +157,8 @@ def cell(summaries: list[dict], metric: str, paper: float | None, scale: float =
         text += f" ({len(vals)} seed{'s' if len(vals) > 1 else ''})"
     if vals and nulls:
         text += f"; {missing}: {nulls} of {len(summaries)} seeds"
+    if note:
+        text += f"; {note}"
     return text + (f" [{paper:.2f}]" if paper is not None else "")
 
 
@@ -198,7 +216,8 @@ def render(table: Table, repo: Path = REPO) -> str:
     for row in table.rows:
         cells = [row.label]
         for c, _ in table.columns:
-            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c), table.scale, table.missing))
+            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c), table.scale, table.missing,
+                              load_runs(root / c / row.key, "diverged")))
         if table.gains:
             if row.key.endswith("+ala"):
                 host = row.key[:-4]
@@ -324,12 +343,13 @@ def check(repo: Path = REPO) -> list[str]:
 
 
 def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
-    """Copy every finished run under ``sweep`` to ``dest/<row>/seed<S>`` (its three run files only); the row is
-    the run's method unless given (two rows of one method, e.g. pFedRLLA with and without its pre-trained agent)."""
+    """Copy every finished or diverged run under ``sweep`` to ``dest/<row>/seed<S>`` (its three run files only;
+    a diverged run is a result too: the tables name it and never average it); the row is the run's method unless
+    given (two rows of one method, e.g. pFedRLLA with and without its pre-trained agent)."""
     copied = []
     for summary in sorted(sweep.rglob("summary.json")):
         s = json.loads(summary.read_text())
-        if s.get("status", "finished") != "finished":
+        if s.get("status", "finished") not in ("finished", "diverged"):
             continue
         out = dest / (row or s["method"]) / f"seed{s['seed']}"
         out.mkdir(parents=True, exist_ok=True)

@@ -114,6 +114,25 @@ def test_collect_copies_only_the_run_files_of_finished_runs(tmp_path, tables):
     assert sorted(p.name for p in copied[0].iterdir()) == ["config.toml", "metrics.jsonl", "summary.json"]
 
 
+def test_a_diverged_run_is_named_in_its_cell_and_never_averaged(tmp_path, tables):
+    _run(tmp_path, "results/t3/pat/ditto", 0, method="ditto", best_accuracy=0.99)
+    _run(tmp_path, "results/t3/pat/ditto", 1, method="ditto", best_accuracy=0.2, rounds=4, status="diverged",
+         divergence={"round": 5, "reason": "loss"})
+    _run(tmp_path, "results/t3/pat/fedrep", 0, method="fedrep", best_accuracy=0.8, rounds=2, status="diverged",
+         divergence={"round": 3, "reason": "NaN"})
+    text = tables.render(tables.T3, tmp_path)
+    assert "| Ditto | 99.00 (1 seed); diverged: seed 1 (round 5) [99.81] |" in text
+    assert "| FedRep | diverged: seed 0 (round 3) [99.77] |" in text
+
+
+def test_collect_keeps_diverged_runs_and_drops_unfinished_ones(tmp_path, tables):
+    sweep = tmp_path / "sweep"
+    _run(sweep, "a", 0, method="apple", best_accuracy=0.8, rounds=2, status="diverged")
+    _run(sweep, "b", 0, method="dbe", best_accuracy=0.5, status="running")
+    copied = tables.collect(sweep, tmp_path / "results" / "t1" / "dir")
+    assert copied == [tmp_path / "results" / "t1" / "dir" / "apple" / "seed0"]
+
+
 def test_t4_rounds_to_target_counts_the_seeds_that_never_reached_it(tmp_path, tables):
     for seed, hit in enumerate([40, 60, None]):
         _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla", seed, method="pfedrlla", best_accuracy=0.9,
