@@ -91,7 +91,7 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
                    help="how client halves run (config: backend): worker 'processes', 'vmap' (batched clients), or "
                         "'flower-sim' (Flower's Simulation Engine, --workers Ray actors; RAY_ADDRESS: a Ray cluster)")
     p.add_argument("--workers", type=int_in(flags.WORKERS), help="worker processes of --backend processes (config: "
-                   "workers; capped at the clients and the CPU cores)")
+                   "workers; capped at the clients and the CPU cores), Ray actors of --backend flower-sim")
 
 
 def parser() -> argparse.ArgumentParser:

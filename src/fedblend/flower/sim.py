@@ -93,7 +93,7 @@ def backend_config(actors: int, address: str | None) -> dict:
     capped object store, or the cluster at ``address``."""
     init: dict[str, Any] = {"address": address} if address else {
         "address": "local", "num_cpus": int(actors), "object_store_memory": OBJECT_STORE_BYTES}
-    init.update(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+    init.update(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     return {"init_args": init, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
