@@ -4,8 +4,8 @@ equal to the sequential backend bit for bit. Skipped with a reason without Flowe
 
 Default suite: FedAvg through ``fedblend run --backend flower-sim`` and FedALA through ``simulate`` (each starts a
 private Ray instance with 2 actors: about 25-35 s on 2 busy cores), and the refusals (no Ray started). With
-``pytest --slow``: every other registered method, and a two-node Ray cluster on this machine (``ray start --head``
-and ``ray start --address``, each with its own ports and temp dir) running the simulation.
+``pytest --slow``: every other registered method, a two-node Ray cluster on this machine (``ray start --head``
+and ``ray start --address``, each with its own ports and temp dir) running the simulation, and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -77,6 +77,25 @@ def test_simulation_equals_sequential(method, tmp_path):
     run_experiment(cfg, tmp_path / "seq")
     simulate(cfg, tmp_path / "sim", actors=2)
     assert_equal_runs(tmp_path / "seq", tmp_path / "sim", method)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_simulation(tmp_path):
+    """Ctrl-C in the caller's thread (as ``fedblend run`` gets it, SIGTERM included) stops Flower's engine, Ray and the
+    ServerApp thread: RunInterrupted says what was kept and that it cannot resume; the directory is unlocked."""
+    import threading
+
+    from fedblend.common.errors import RunInterrupted
+
+    def progress(row, sim):  # in the ServerApp's thread: a real SIGINT to the main thread, as Ctrl-C
+        if row["round"] == 2:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    cfg = load_config(None, [*TINY, "method='fedavg'", "rounds=50"])
+    with pytest.raises(RunInterrupted, match="cannot resume") as info:
+        simulate(cfg, tmp_path / "sim", progress=progress)
+    assert info.value.completed_rounds >= 2 and len(history(tmp_path / "sim")) < 50
+    run_experiment(tiny_cfg("fedavg"), tmp_path / "sim", force=True)  # not locked any more
 
 
 def test_refusals(tmp_path):

@@ -54,11 +54,11 @@ def server_main(grid: Grid, context: Context) -> None:
     serve(grid, dict(context.run_config))
 
 
-def serve(grid: Grid, rc: dict, progress=None, echo: bool = True) -> dict:
+def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> dict:
     """Run the method's server half over ``grid`` with the run config ``rc`` (keys: the module docstring's);
     returns the run's summary. The body of every fedblend ``ServerApp`` (also :mod:`fedblend.flower.blocks` and
     the simulation, :mod:`fedblend.flower.sim`, which passes its round display as ``progress`` and prints the
-    summary itself, ``echo=False``)."""
+    summary itself, ``echo=False``, and a ``stop`` event that ends the run's waits on Ctrl-C)."""
     from fedblend.experiment import run_experiment
     from fedblend.flower.backend import FlowerBackend
 
@@ -69,7 +69,7 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True) -> dict:
     keep = int(rc.get("keep", max(2, 2 * cfg.checkpoint_every + 2)))  # state versions per client (a resume)
     backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
-                            keep=keep, poll=float(rc.get("poll", 0.2)))
+                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop)
     summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
                              force=bool(rc.get("force", False)), backend=backend, progress=progress)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")

@@ -34,6 +34,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedblend.common.errors import ConfigError
+from fedblend.common.errors import ConfigError, RunInterrupted
 from fedblend.config import RunConfig
 from fedblend.flower import apps
 from fedblend.flower.backend import FlowerRunError
@@ -124,19 +126,28 @@ def simulate(cfg: RunConfig, out: str | Path, data_dir: str | Path | None = None
           "min-clients": 1, "threads": torch.get_num_threads(), "resume": resume, "force": force, "poll": 0.01,
           "keep": 2, "state-dir": tmp}
     result: dict[str, Any] = {}
+    stop = threading.Event()
     server = ServerApp()
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        result["summary"] = apps.serve(grid, rc, progress=progress, echo=False)
+        try:
+            result["summary"] = apps.serve(grid, rc, progress=progress, echo=False, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - raised again by _run, in the caller's thread
+            result["error"] = exc
+        finally:
+            result["done"] = True
 
     return _run(server, client_app(rc), cfg.partition.num_clients, backend_config(actors or cfg.workers, address),
-                result, tmp)
+                result, tmp, stop)
 
 
-def _run(server: ServerApp, client: ClientApp, nodes: int, bconf: dict, result: dict, tmp: str) -> dict:
+def _run(server: ServerApp, client: ClientApp, nodes: int, bconf: dict, result: dict, tmp: str,
+         stop: threading.Event) -> dict:
     """``run_simulation`` with Flower's INFO log and Ray's usage stats off; restores the environment it changes
-    (Flower's Ray backend sets ``PYTHONPATH``) and removes the local data caches."""
+    (Flower's Ray backend sets ``PYTHONPATH``) and removes the local data caches. Ctrl-C (or SIGTERM, which
+    ``fedblend run`` turns into it) reaches this thread: Flower then stops its engine and Ray, and ``stop`` ends
+    the ServerApp thread's wait for replies, so the run stops as ``fedblend run`` does (its lock released)."""
     from flwr.simulation import run_simulation
 
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
@@ -148,6 +159,17 @@ def _run(server: ServerApp, client: ClientApp, nodes: int, bconf: dict, result: 
         with warnings.catch_warnings():  # Ray's FutureWarning about GPU env vars (no GPU is asked for)
             warnings.filterwarnings("ignore", message=".*accelerator visible devices", category=FutureWarning)
             run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=bconf)
+    except BaseException as exc:
+        stop.set()
+        end = time.monotonic() + 60
+        while "done" not in result and time.monotonic() < end:  # the ServerApp thread ends its run
+            time.sleep(0.05)
+        err = result.get("error")
+        if isinstance(exc, KeyboardInterrupt) and isinstance(err, RunInterrupted):  # what was kept, no resume
+            text = str(err).split("; resume with")[0]
+            raise RunInterrupted(f"{text} (backend 'flower-sim' cannot resume: the clients' states ended with the "
+                                 f"simulation's contexts)", err.completed_rounds) from None
+        raise
     finally:
         flwr_log.setLevel(level)
         for k, v in saved.items():
@@ -156,6 +178,8 @@ def _run(server: ServerApp, client: ClientApp, nodes: int, bconf: dict, result: 
             else:
                 os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)
+    if "error" in result:
+        raise result["error"]
     if "summary" not in result:
         raise FlowerRunError("the Flower simulation ended without a result (see Flower's log above)")
     return result["summary"]
