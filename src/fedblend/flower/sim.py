@@ -20,8 +20,10 @@ Ray: without ``address`` (or ``RAY_ADDRESS``), a private local Ray instance (``a
 ``actors`` CPUs and an object store capped at :data:`OBJECT_STORE_BYTES`; each actor takes one CPU. With an
 address (a cluster started with ``ray start --head`` / ``ray start --address=HEAD:PORT``, docs/deploy.md), the
 pool has one actor per CPU of the cluster (``ray start --num-cpus=K`` gives K), and the object store is the one
-``ray start --object-store-memory`` set. Every machine needs fedblend (and the dataset files, ``FEDBLEND_DATA``)
-installed; the driver passes its ``sys.path`` as the actors' ``PYTHONPATH`` (Flower's Ray backend does).
+``ray start --object-store-memory`` set. Every machine needs fedblend (and the dataset files: ``data_dir`` if
+given, else each machine's ``FEDBLEND_DATA``) installed; the driver passes its ``sys.path`` as the actors'
+``PYTHONPATH`` (Flower's Ray backend does). Each node caches its clients' data in a temporary directory (removed
+on this machine at the end; a cluster's other machines keep theirs in their temporary directory).
 
 The contexts end with the simulation, so such a run cannot be resumed from its checkpoint (refused up front).
 """
@@ -121,8 +123,11 @@ def simulate(cfg: RunConfig, out: str | Path, data_dir: str | Path | None = None
     check_out_dir(out, resume, force)  # before Ray starts
     address = address or os.environ.get("RAY_ADDRESS") or None
     tmp = tempfile.mkdtemp(prefix="fedblend-sim-")  # the nodes' data caches (on each machine that serves them)
+    if data_dir is None and not address:  # a local instance: this process's $FEDBLEND_DATA, whatever the actors' cwd
+        data_dir = os.environ.get("FEDBLEND_DATA") or None
     rc = {"fedblend-config": json.dumps(cfg.resolved(), sort_keys=True), "out": str(out.resolve()),
-          "data-dir": str(data_dir or ""), "num-nodes": cfg.partition.num_clients, "timeout": 7 * 86400.0,
+          "data-dir": str(Path(data_dir).expanduser().resolve()) if data_dir else "",
+          "num-nodes": cfg.partition.num_clients, "timeout": 7 * 86400.0,
           "min-clients": 1, "threads": torch.get_num_threads(), "resume": resume, "force": force, "poll": 0.01,
           "keep": 2, "state-dir": tmp}
     result: dict[str, Any] = {}
