@@ -112,15 +112,17 @@ def test_refusals(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_context_states_keep_the_last_versions():
+def test_context_states_keep_the_last_versions_exactly():
     import torch
     from flwr.app import RecordDict
 
     states = ContextStates(RecordDict())
     for v in (1, 2, 3):
-        states.save(7, v, {"w": torch.full((2,), float(v))}, keep=2)
+        states.save(7, v, {"w": torch.full((2,), float(v)), "s": torch.tensor(0.5), "n": v}, keep=2)
     assert sorted(states.state.array_records) == ["fedblend-client-7-v2", "fedblend-client-7-v3"]
-    assert torch.equal(states.load(7, 3)["w"], torch.full((2,), 3.0))
+    back = states.load(7, 3)
+    assert torch.equal(back["w"], torch.full((2,), 3.0)) and back["n"] == 3
+    assert back["s"].shape == () and back["s"].item() == 0.5  # 0-dim stays 0-dim (PartialFed's strategy)
     with pytest.raises(KeyError, match="version 1"):
         states.load(7, 1)
 
