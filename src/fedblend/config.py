@@ -9,8 +9,9 @@ Layout (every table optional; defaults shown in ``docs/config.md``)::
     seed = 0
     checkpoint_every = 10      # rounds between checkpoints (0 = never)
     device = "cpu"             # "cpu", "cuda" or "auto" (cuda when available)
-    backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes) or "vmap"
-    workers = 2                # worker processes of the "processes" backend
+    backend = "sequential"     # how client halves run: "sequential", "processes" (worker processes), "vmap" or
+                               # "flower-sim" (Flower's Simulation Engine, Ray actors; `fedblend run` only)
+    workers = 2                # worker processes of the "processes" backend, Ray actors of "flower-sim"
     on_nonfinite = "stop"      # a client update with NaN/inf: "stop" the run, or "skip" that client's update
     on_divergence = "stop"     # a diverged run (NaN/inf in a state or loss, a loss explosion): "stop" or "warn"
     divergence_factor = 100.0  # a train loss above this x max(ln classes, round 1's train loss) has diverged
@@ -89,7 +90,7 @@ SCALARS = {"method": str, "dataset": str, "model": str, "rounds": int, "seed": i
            "name": str, "device": str, "backend": str, "workers": int, "on_nonfinite": str, "store": str,
            "on_divergence": str, "divergence_factor": float, "init": str}
 DEVICES = ("cpu", "cuda", "auto")
-BACKEND_NAMES = ("sequential", "processes", "vmap")
+BACKEND_NAMES = ("sequential", "processes", "vmap", "flower-sim")
 NONFINITE_POLICIES = ("stop", "skip")
 DIVERGENCE_POLICIES = ("stop", "warn")
 STORES = ("memory", "disk")
@@ -293,8 +294,8 @@ def check_cross_fields(cfg: RunConfig, partition_given: set[str] = frozenset()) 
         if split not in SPLIT_ONLY[name] and getattr(cfg.partition, name) != getattr(default, name):
             raise ConfigError(f"partition.{name} applies only to partition.split = "
                               f"{' or '.join(repr(s) for s in SPLIT_ONLY[name])}; got partition.split = {split!r}")
-    if cfg.device == "cuda" and cfg.backend == "processes":
-        raise ConfigError("backend = 'processes' runs on CPU only; got device = 'cuda' (use backend = "
+    if cfg.device == "cuda" and cfg.backend in ("processes", "flower-sim"):
+        raise ConfigError(f"backend = {cfg.backend!r} runs on CPU only; got device = 'cuda' (use backend = "
                           "'sequential' or device = 'cpu')")
 
 

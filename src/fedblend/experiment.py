@@ -286,7 +286,8 @@ def dry_run(cfg: RunConfig, data_dir: str | Path | None = None, time_client: boo
     check_model_fits(cfg.model, cfg.dataset)
     check_available(cfg.log)
     fed = build_federated(load_dataset(cfg.dataset, data_dir), cfg.partition, cfg.seed)
-    sim = create_simulation(cfg, fed)
+    # flower-sim's clients run the sequential backend's code in Ray actors: estimate with that
+    sim = create_simulation(cfg, fed, backend=make_backend("sequential") if cfg.backend == "flower-sim" else None)
     params = sum(int(v.numel()) for v in sim.run_info.init_params.values())
     sctx = sim.sctx(0)
     phase = sim.method.phases(sctx)[0]
@@ -337,6 +338,7 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
     device, non-finite policy), for ``rounds`` rounds (default the config's); ``backend`` replaces the config's
     (e.g. the Flower backend of :mod:`fedblend.flower`)."""
     if backend is None:
+        check_backend(cfg)
         backend = make_backend(cfg.backend, worker_count(cfg, fed.num_clients))
     try:
         return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
@@ -348,6 +350,15 @@ def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = N
             raise
         raise ConfigError(f"{cfg.label}: the model and the method's state do not fit in memory "
                           f"({_first_line(exc)}); lower the sizes in [options] or the model") from None
+
+
+def check_backend(cfg: RunConfig, backend: Any = None) -> None:
+    """``backend = "flower-sim"`` runs the engine inside Flower's Simulation Engine, which drives it
+    (:mod:`fedblend.flower.sim`, a layer above this one): only ``fedblend run`` (or that module) starts it."""
+    if backend is None and cfg.backend == "flower-sim":
+        raise ConfigError("backend 'flower-sim' runs on Flower's Simulation Engine: start it with `fedblend run "
+                          "... --backend flower-sim` or fedblend.flower.sim.simulate(cfg, out) (here: use "
+                          "backend = 'sequential', the same results)")
 
 
 def worker_count(cfg: RunConfig, num_clients: int) -> int:
@@ -387,6 +398,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     """
     out = Path(out_dir)
     cfg = check_config(cfg)
+    check_backend(cfg, backend)
     check_model_fits(cfg.model, cfg.dataset)
     device = cfg.resolved_device()
     check_out_dir(out, resume, force)  # before the lock creates anything

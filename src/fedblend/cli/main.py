@@ -87,10 +87,11 @@ def _debug(p: argparse.ArgumentParser) -> None:
 
 def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
-    p.add_argument("--backend", choices=["sequential", "processes", "vmap"],
-                   help="how client halves run (config: backend): worker 'processes', or 'vmap' (batched clients)")
+    p.add_argument("--backend", choices=["sequential", "processes", "vmap", "flower-sim"],
+                   help="how client halves run (config: backend): worker 'processes', 'vmap' (batched clients), or "
+                        "'flower-sim' (Flower's Simulation Engine, --workers Ray actors; RAY_ADDRESS: a Ray cluster)")
     p.add_argument("--workers", type=int_in(flags.WORKERS), help="worker processes of --backend processes (config: "
-                   "workers; capped at the clients and the CPU cores)")
+                   "workers; capped at the clients and the CPU cores), Ray actors of --backend flower-sim")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -359,7 +360,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     progress = None if args.quiet else Progress(cfg.rounds, cfg.label)
     try:
-        summary = run_experiment(cfg, out, args.data_dir, resume=args.resume, progress=progress, force=args.force)
+        if cfg.backend == "flower-sim":  # Flower's Simulation Engine drives the same run (docs/deploy.md)
+            try:
+                from fedblend.flower.sim import simulate
+            except ImportError as exc:
+                raise ConfigError(f"--backend flower-sim needs Flower and Ray: pip install 'fedblend[simulation]' "
+                                  f"({exc})") from exc
+            summary = simulate(cfg, out, args.data_dir, resume=args.resume, force=args.force, progress=progress)
+        else:
+            summary = run_experiment(cfg, out, args.data_dir, resume=args.resume, progress=progress,
+                                     force=args.force)
     finally:
         if hasattr(progress, "close"):  # any callable may stand in for the display (tests do)
             progress.close()

@@ -8,7 +8,9 @@
 * :mod:`fedblend.flower.node`: a node's client runtime, its data partition and its clients' states;
 * :mod:`fedblend.flower.apps`: the ``ServerApp`` / ``ClientApp`` of the generated app;
 * :mod:`fedblend.flower.deploy`: the generated Flower app and ``fedblend deploy`` (loopback SuperLink +
-  SuperNodes). How to deploy on real machines: docs/deploy.md.
+  SuperNodes). How to deploy on real machines: docs/deploy.md;
+* :mod:`fedblend.flower.sim`: ``backend = "flower-sim"``, the run on Flower's Simulation Engine (ClientApps in Ray
+  actors, the extra ``pip install 'fedblend[simulation]'``; docs/deploy.md section 4).
 """
 
 __all__ = ["client_app", "server_app"]

@@ -12,7 +12,9 @@ Both read the run config of the generated app (:func:`fedblend.flower.deploy.wri
   exchange; ``min-clients``: fewer answers stop the run; ``threads``: torch threads on the server and, unless
   a node's config says otherwise, on the nodes (1, as ``fedblend run --threads 1``, for equal results);
   ``poll``: seconds between the ServerApp's pulls of the replies (default 0.2; Flower's ``send_and_receive``
-  waits 3 s between pulls).
+  waits 3 s between pulls); ``keep``: state versions a node keeps per client (default enough for a resume,
+  ``2 * checkpoint_every + 2``); ``state-dir``: the nodes' state directories' parent where a node config names
+  none (:mod:`fedblend.flower.node`).
 
 The ServerApp is :func:`fedblend.experiment.run_experiment` with the :class:`~fedblend.flower.backend.
 FlowerBackend`: the engine's one round loop, its sampling and every random stream from the config's seed (never
@@ -52,9 +54,11 @@ def server_main(grid: Grid, context: Context) -> None:
     serve(grid, dict(context.run_config))
 
 
-def serve(grid: Grid, rc: dict) -> dict:
+def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> dict:
     """Run the method's server half over ``grid`` with the run config ``rc`` (keys: the module docstring's);
-    returns the run's summary. The body of every fedblend ``ServerApp`` (also :mod:`fedblend.flower.blocks`)."""
+    returns the run's summary. The body of every fedblend ``ServerApp`` (also :mod:`fedblend.flower.blocks` and
+    the simulation, :mod:`fedblend.flower.sim`, which passes its round display as ``progress`` and prints the
+    summary itself, ``echo=False``, and a ``stop`` event that ends the run's waits on Ctrl-C)."""
     from fedblend.experiment import run_experiment
     from fedblend.flower.backend import FlowerBackend
 
@@ -62,14 +66,15 @@ def serve(grid: Grid, rc: dict) -> dict:
     cfg = run_config_of(rc)
     out = Path(str(rc["out"]))
     torch.set_num_threads(int(rc.get("threads", 1)))
-    keep = max(2, 2 * cfg.checkpoint_every + 2)  # state versions a node keeps per client (covers a resume)
+    keep = int(rc.get("keep", max(2, 2 * cfg.checkpoint_every + 2)))  # state versions per client (a resume)
     backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
-                            keep=keep, poll=float(rc.get("poll", 0.2)))
+                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop)
     summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
-                             force=bool(rc.get("force", False)), backend=backend)
+                             force=bool(rc.get("force", False)), backend=backend, progress=progress)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
-    print(json.dumps({k: summary.get(k) for k in keys}), flush=True)
+    if echo:
+        print(json.dumps({k: summary.get(k) for k in keys}), flush=True)
     return summary
 
 
@@ -112,10 +117,12 @@ def _node(msg: Message, context: Context, run_config: dict | None) -> tuple[Node
     return _NODES[key], meta
 
 
-def answer(msg: Message, context: Context, run_config: dict | None = None) -> Message:
+def answer(msg: Message, context: Context, run_config: dict | None = None, states=None) -> Message:
     """The node's reply to a server message (greeting or job batch); an error reply if the node cannot serve.
-    ``run_config``: the run config to use instead of the context's (:mod:`fedblend.flower.blocks`). A job
-    batch's reply carries its timings (``process_age`` at entry, ``node_load``, ``work``; seconds)."""
+    ``run_config``: the run config to use instead of the context's (:mod:`fedblend.flower.blocks`); ``states``:
+    where the clients' states live (default the node's state directory; the simulation keeps them in the
+    context). A job batch's reply carries its timings (``process_age`` at entry, ``node_load``, ``work``;
+    seconds)."""
     try:
         age = process_age()
         t0 = time.perf_counter()
@@ -124,7 +131,8 @@ def answer(msg: Message, context: Context, run_config: dict | None = None) -> Me
             return Message(content("hello", node.hello()), reply_to=msg)
         t1 = time.perf_counter()
         jobs, _ = unpack(msg.content, "jobs")
-        results = node.handle(jobs, int(meta.get("keep", 2)))
+        keep = int(meta.get("keep", 2))
+        results = node.handle(jobs, keep) if states is None else node.handle(jobs, keep, states)
         timing = {"node_load": round(t1 - t0, 4), "work": round(time.perf_counter() - t1, 4)}
         if age is not None:
             timing["process_age"] = age

@@ -54,8 +54,9 @@ class FlowerBackend(Backend):
     name = "flower"
 
     def __init__(self, grid: Any, run_key: str, nodes: int = 1, timeout: float = 600.0, min_clients: int = 1,
-                 keep: int = 2, wait_nodes: float = 300.0, log=None, poll: float | None = None):
+                 keep: int = 2, wait_nodes: float = 300.0, log=None, poll: float | None = None, stop=None):
         self.grid, self.run_key, self.nodes, self.poll = grid, run_key, nodes, poll
+        self.stop = stop  # a threading.Event: set, the waits end with KeyboardInterrupt (the simulation's Ctrl-C)
         self.exchanges: list[dict] = []  # timings of the exchanges since the last report
         self.timeout, self.min_clients, self.keep, self.wait_nodes = timeout, min_clients, keep, wait_nodes
         self.owner: dict[int, int] = {}  # client id -> node id
@@ -74,6 +75,7 @@ class FlowerBackend(Backend):
                 raise FlowerRunError(f"waited {self.wait_nodes:.0f}s for {self.nodes} SuperNodes, {have} connected; "
                                      f"start the missing ones (flower-supernode ... --node-config "
                                      f"'partition-id=K num-partitions=N')")
+            self._check_stop()
             time.sleep(0.5)
         self._greet()
         missing = sorted(set(self.fingerprints) - set(self.owner))
@@ -187,8 +189,13 @@ class FlowerBackend(Backend):
                 pending.discard(m.metadata.reply_to_message_id)
             if not pending or time.monotonic() >= end:
                 break
+            self._check_stop()
             time.sleep(self.poll)
         return got
+
+    def _check_stop(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise KeyboardInterrupt("the Flower simulation was stopped")
 
     def _result(self, job: ClientJob, r: dict | None, nid: int) -> ClientResult | None:
         if r is None:

@@ -6,7 +6,8 @@ A SuperNode is started with a node config (``--node-config``)::
     num-partitions = N        (default 1: every client)
     clients = "0,3,7"         or the client ids, explicitly (instead of partition-id / num-partitions)
     data-dir = "/data"        its own dataset directory (default: the run's data-dir, then $FEDBLEND_DATA)
-    state-dir = "/var/fb"     where its clients' states live (default ~/.fedblend/flower-node-K)
+    state-dir = "/var/fb"     where its clients' states live (default: the run config's ``state-dir``/node-K,
+                              then ~/.fedblend/flower-node-K)
     threads = 1               torch threads (default: the run's ``threads``)
 
 The node builds the federated partition of the run config (same dataset, partition spec and seed as the server,
@@ -18,7 +19,8 @@ older checkpoint asks for the older version it recorded. The last ``keep`` versi
 
 Why files and not only Flower's ``Context.state``: the context lives in the SuperNode's memory (lost when the
 node dies) and travels whole to every ClientApp process; files survive a restart and cost only the clients of
-the message.
+the message. The simulation (:mod:`fedblend.flower.sim`) is the exception: there any Ray actor, on any machine
+of the cluster, may serve a virtual node's message, so its clients' states travel in the node's ``Context``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,9 @@ class Node:
         self.cfg = cfg = run_config_of(run_config)
         torch.set_num_threads(int(node_config.get("threads", run_config.get("threads", 1))))
         label = node_config.get("partition-id", node_config.get("clients", "0"))
-        base = Path(str(node_config.get("state-dir") or Path.home() / ".fedblend" / f"flower-node-{label}"))
-        self.dir = base / run_key
+        base = node_config.get("state-dir") or (Path(str(run_config["state-dir"])) / f"node-{label}"
+                                                 if run_config.get("state-dir") else None)
+        self.dir = Path(str(base or Path.home() / ".fedblend" / f"flower-node-{label}")) / run_key
         self.dir.mkdir(parents=True, exist_ok=True)
         data_dir = node_config.get("data-dir") or run_config.get("data-dir") or None
         data, info = self._load_data(cfg, node_config, data_dir)
@@ -98,6 +101,7 @@ class Node:
                            num_clients=info["num_clients"], rounds=cfg.rounds, seed=cfg.seed, device="cpu")
         self.shapes = {k: tuple(v.shape) for k, v in self.run.init_params.items()}
         self.runtime = ClientRuntime(cfg.build_method(), self.run, data, tree)
+        self.states: Any = FileStates(self.dir)  # or, per message, the node's Context (handle's ``states``)
 
     def _load_data(self, cfg: RunConfig, node_config: dict, data_dir) -> tuple[dict[int, ClientData], dict]:
         """This node's clients' data: from the cache in the state directory, else built from the dataset."""
@@ -105,7 +109,7 @@ class Node:
         if cache.exists():  # memory-mapped: a ClientApp process reads only the pages its clients touch
             saved = decode(torch.load(cache, map_location="cpu", weights_only=True, mmap=True))
             return {int(c): ClientData(**d) for c, d in saved["clients"].items()}, saved["info"]
-        fed = build_federated(load_dataset(cfg.dataset, data_dir), cfg.partition, cfg.seed)
+        fed = federated(cfg, data_dir)
         cids = node_clients(node_config, fed.num_clients)
         data = {c: compact(fed.clients[c]) for c in cids}
         info = {**fed.info, "num_clients": fed.num_clients}
@@ -118,19 +122,21 @@ class Node:
         return {"clients": self.cids, "fingerprints": {str(c): f for c, f in self.fingerprints.items()},
                 "dataset": self.cfg.dataset, "pid": os.getpid()}
 
-    def handle(self, jobs: list[dict], keep: int) -> list[dict]:
-        """Run each job (a client error is that client's result, never the whole batch's)."""
+    def handle(self, jobs: list[dict], keep: int, states: Any = None) -> list[dict]:
+        """Run each job (a client error is that client's result, never the whole batch's). ``states``: where
+        the clients' states live for this message (default the state directory, :class:`FileStates`; the
+        simulation passes the node's Context, :class:`fedblend.flower.sim.ContextStates`)."""
         out = []
         for j in jobs:
             try:
-                out.append(self._one(j, keep))
+                out.append(self._one(j, keep, states or self.states))
             except Exception as exc:  # noqa: BLE001 - reported to the server, which drops that client
                 out.append({"cid": j.get("cid"), "ok": False,
                             "error": f"{type(exc).__name__}: {exc}",
                             "trace": traceback.format_exc(limit=3)})
         return out
 
-    def _one(self, j: dict, keep: int) -> dict:
+    def _one(self, j: dict, keep: int, states: Any) -> dict:
         cid, phase, version = int(j["cid"]), str(j["phase"]), j.get("version")
         if cid not in self.runtime.data:
             raise NodeDataError(f"client {cid} is not on this node (it holds {self.cids})")
@@ -138,32 +144,53 @@ class Node:
         bad = shape_errors(msg.arrays, self.shapes)
         if bad:
             raise ValueError(f"refused the {phase} message for client {cid}: wrong tensor shapes ({'; '.join(bad)})")
-        state = None if version is None else self._load_state(cid, int(version))
+        state = None if version is None else states.load(cid, int(version))
         res = self.runtime.handle(ClientJob(phase, cid, int(j["rnd"]), msg, state))
         new_version = None
         if phase != EVALUATE and res.state is not None:
             new_version = (int(version) if version is not None else 0) + 1
-            self._save_state(cid, new_version, res.state, keep)
+            states.save(cid, new_version, res.state, keep)
         reply = res.reply
         return {"cid": cid, "ok": True, "version": new_version, "stats": res.stats,
                 "reply": {"arrays": reply.arrays, "metrics": reply.metrics, "config": reply.config}}
 
-    # ------------------------------------------------------------------------------------------ states
-    def _state_path(self, cid: int, version: int) -> Path:
+
+
+class FileStates:
+    """Client states as files in a node's state directory, one per client and version (``client-C-vN.pt``)."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+
+    def _path(self, cid: int, version: int) -> Path:
         return self.dir / f"client-{cid}-v{version}.pt"
 
-    def _load_state(self, cid: int, version: int) -> Any:
-        path = self._state_path(cid, version)
+    def load(self, cid: int, version: int) -> Any:
+        path = self._path(cid, version)
         if not path.exists():
             raise FileNotFoundError(f"client {cid}'s state version {version} is not in {self.dir} (was the node "
                                     f"restarted with another state-dir?)")
         return decode(torch.load(path, map_location="cpu", weights_only=True))
 
-    def _save_state(self, cid: int, version: int, state: Any, keep: int) -> None:
-        _save(self._state_path(cid, version), state)
+    def save(self, cid: int, version: int, state: Any, keep: int) -> None:
+        """Write version ``version`` and drop the versions older than the last ``keep``."""
+        _save(self._path(cid, version), state)
         for f in self.dir.glob(f"client-{cid}-v*.pt"):
             if int(f.stem.rsplit("-v", 1)[1]) <= version - max(1, keep):
                 f.unlink(missing_ok=True)
+
+
+_FEDERATED: dict[str, Any] = {}  # one entry: the last federated dataset this process built
+
+
+def federated(cfg: RunConfig, data_dir) -> Any:
+    """The run's federated dataset, built once per process: a process that serves several nodes (a Ray actor of
+    the simulation, :mod:`fedblend.flower.sim`) builds the partition once, not once per node."""
+    key = json.dumps([cfg.dataset, str(data_dir), str(cfg.partition), cfg.seed], default=str)
+    if key not in _FEDERATED:
+        _FEDERATED.clear()
+        _FEDERATED[key] = build_federated(load_dataset(cfg.dataset, data_dir), cfg.partition, cfg.seed)
+    return _FEDERATED[key]
 
 
 def compact(d: ClientData) -> ClientData:

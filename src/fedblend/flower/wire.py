@@ -31,8 +31,9 @@ VERSION_KEY = "flower_state_version"  # the server's marker of a client state he
 
 
 def to_record(obj: Any) -> ArrayRecord:
-    """``obj`` (state data: tensors, numbers, strings, dicts/lists) as a Flower ``ArrayRecord``."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in encode(obj, as_numpy=True).items()})
+    """``obj`` (state data: tensors, numbers, strings, dicts/lists) as a Flower ``ArrayRecord``. (``np.require``,
+    not ``np.ascontiguousarray``, which turns a 0-dim tensor, e.g. PartialFed's layer strategy, into shape (1,).)"""
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in encode(obj, as_numpy=True).items()})
 
 
 def from_record(rec: ArrayRecord) -> Any:
