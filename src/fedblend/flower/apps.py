@@ -8,9 +8,10 @@ Both read the run config of the generated app (:func:`fedblend.flower.deploy.wri
   config.toml, partition.json, metrics.jsonl, summary.json, checkpoint.pt), ``resume`` / ``force`` as in
   ``fedblend run``;
 * ``data-dir``: the dataset directory ("" = $FEDBLEND_DATA);
-* ``num-nodes``: SuperNodes to wait for before round 1; ``timeout``: seconds to wait for a node's answer in an
-  exchange; ``min-clients``: fewer answers stop the run; ``threads``: torch threads on the server and, unless
-  a node's config says otherwise, on the nodes (1, as ``fedblend run --threads 1``, for equal results);
+* ``num-nodes``: SuperNodes to wait for before round 1; ``wait-nodes``: seconds to wait for them to connect and
+  to answer the greeting (default 300); ``timeout``: seconds to wait for a node's answer in an exchange;
+  ``min-clients``: fewer answers stop the run; ``threads``: torch threads on the server and, unless a node's
+  config says otherwise, on the nodes (1, as ``fedblend run --threads 1``, for equal results);
   ``poll``: seconds between the ServerApp's pulls of the replies (default 0.2; Flower's ``send_and_receive``
   waits 3 s between pulls); ``keep``: state versions a node keeps per client (default enough for a resume,
   ``2 * checkpoint_every + 2``); ``state-dir``: the nodes' state directories' parent where a node config names
@@ -69,7 +70,8 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> 
     keep = int(rc.get("keep", max(2, 2 * cfg.checkpoint_every + 2)))  # state versions per client (a resume)
     backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
-                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop)
+                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop,
+                            wait_nodes=float(rc.get("wait-nodes", 300)))
     summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
                              force=bool(rc.get("force", False)), backend=backend, progress=progress)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")

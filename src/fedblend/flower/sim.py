@@ -127,7 +127,9 @@ def simulate(cfg: RunConfig, out: str | Path, data_dir: str | Path | None = None
         data_dir = os.environ.get("FEDBLEND_DATA") or None
     rc = {"fedblend-config": json.dumps(cfg.resolved(), sort_keys=True), "out": str(out.resolve()),
           "data-dir": str(Path(data_dir).expanduser().resolve()) if data_dir else "",
-          "num-nodes": cfg.partition.num_clients, "timeout": 7 * 86400.0,
+          # virtual nodes are never down, only slow (an actor that builds its partition on a busy machine took
+          # over 300 s to answer the greeting at load 12): no exchange of a simulation ends by a deadline
+          "num-nodes": cfg.partition.num_clients, "timeout": 7 * 86400.0, "wait-nodes": 7 * 86400.0,
           "min-clients": 1, "threads": torch.get_num_threads(), "resume": resume, "force": force, "poll": 0.01,
           "keep": 2, "state-dir": tmp}
     result: dict[str, Any] = {}
