@@ -40,7 +40,8 @@ def ba_sim(fed, spec: str, rounds: int = 2, backend=None) -> Simulation:
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_method_reports_before_and_after_scores_on_sequential_and_vmap(spec, tiny_fed):
     """Both backends drive the same template, so both report bp/ap, and vmap's batched training agrees with the
-    sequential one up to float reassociation (where it falls back to one by one, exactly)."""
+    sequential one up to float reassociation (where it falls back to one by one, exactly); every round's vmap
+    counts cover its clients, so the second run really went through vmap."""
     runs = []
     for backend in (None, VmapBackend()):
         sim = ba_sim(tiny_fed, spec, backend=backend)
@@ -49,6 +50,9 @@ def test_every_method_reports_before_and_after_scores_on_sequential_and_vmap(spe
             sim.run()
         for m in sim.history:
             assert 0.0 <= m["bp_acc"] <= 1.0 and 0.0 <= m["ap_acc"] <= 1.0, (spec, m)
+            if backend is not None:  # vmap ran every client's training: batched, or one by one with a reason
+                counted = sum(v for k, v in m.items() if k.startswith("vmap_"))
+                assert counted >= len(m["selected"]), (spec, "training not accounted for by vmap", m)
         runs.append([{k: v for k, v in m.items() if not k.startswith("vmap_")} for m in without_timings(sim.history)])
     assert diff_histories(runs[0], runs[1], rel=1e-4, abs_=1e-6) == []
 
@@ -74,3 +78,45 @@ def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypa
     trained = sum(len(m["selected"]) for m in sim.history)
     assert sum(s.get("probe", 0) for s in sim.store.states.values()) == trained
 
+
+
+HOOKS = ("before_training", "client_init", "scored_params", "local_training", "reply")
+
+
+def hook_owners(methods) -> dict[str, set[str]]:
+    """``{hook: lower-case names of the classes that define it}`` over the methods' class hierarchies (``Method``
+    itself, which defines every hook, left out)."""
+    from fedblend.core.method import Method
+
+    return {h: {k.__name__.lower() for c in methods for k in c.__mro__ if h in vars(k) and k is not Method}
+            for h in HOOKS}
+
+
+def documented_hook_owners(text: str) -> dict[str, set[str]]:
+    """The "overridden by" column of the hook table in docs/architecture.md: ``{hook: lower-case class names}``
+    (notes in parentheses and backticks dropped)."""
+    import re
+
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"\| `(\w+)\(.*\| (.*) \|$", line)
+        if m and m.group(1) in HOOKS:
+            names = re.sub(r"\([^)]*\)", "", m.group(2)).replace("`", "")
+            out[m.group(1)] = {n.strip().lower() for n in names.split(",") if n.strip()}
+    return out
+
+
+def test_architecture_hook_table_lists_every_override():
+    """docs/architecture.md's table of the template's hooks names exactly the classes that override each one."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    assert documented_hook_owners(text) == hook_owners(METHODS.values())
+
+
+def test_hook_table_check_sees_a_missing_and_an_extra_name():
+    table = ("| `client_init(msg, cstate, ctx) -> params` | received over own | FedAMP (Eq. 5), `APPLE` |\n"
+             "| `reply(res, msg, cstate, ctx) -> Message` | shared | Local (nothing) |\n")
+    assert documented_hook_owners(table) == {"client_init": {"fedamp", "apple"}, "reply": {"local"}}
+    owners = hook_owners([METHODS["fedamp"], METHODS["apple"], METHODS["fedavg"]])
+    assert owners["client_init"] == {"fedamp", "apple"} and owners["before_training"] == set()

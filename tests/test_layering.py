@@ -198,3 +198,73 @@ def test_method_rule_catches_a_method_importing_a_helper_from_another(tmp_path):
     bad = method_import_violations(mods)
     assert bad == ["fedblend.algorithms.helper_user imports method module fedblend.algorithms.fedprox without "
                    "extending a class of it"]
+
+
+# ------------------------------------------------------------------------------------------ size and core names
+#: what a module of ``algorithms/`` (a method, a transform, a part) may grow to before it should be split
+MAX_ALGORITHM_LINES = 250
+
+
+def test_no_algorithms_module_is_over_the_line_limit():
+    long = {str(p.relative_to(SRC)): n for p in (SRC / "fedblend" / "algorithms").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_ALGORITHM_LINES}
+    assert not long, f"modules of algorithms/ over {MAX_ALGORITHM_LINES} lines (split them into parts): {long}"
+
+
+def code_words(source: str) -> set[str]:
+    """The lower-case words of a module's code -- names, attributes, arguments, keywords, imports and string
+    values, split at every character that is not a letter or digit -- without its docstrings and comments (which
+    may cite a method as an example)."""
+    tree = ast.parse(source)
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    words = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            words.append(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words.append(node.name)
+        elif isinstance(node, ast.arg):
+            words.append(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            words.append(node.arg)
+        elif isinstance(node, ast.alias):
+            words += [node.name, node.asname or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            words.append(node.value)
+    return {w for text in words for w in re.split(r"[^a-z0-9]+", text.lower()) if w}
+
+
+def method_words() -> set[str]:
+    """Every registered method's and transform's name and class name, lower-case, as one word (``fedavg-ft`` ->
+    ``fedavgft``), except FedAvg's and Local's: the core's ``Method`` *is* FedAvg, and "local" is a plain word."""
+    from fedblend.algorithms import METHODS, TRANSFORMS
+
+    classes = {**METHODS, **TRANSFORMS}
+    words = {re.sub(r"[^a-z0-9]", "", n.lower()) for n in classes} | {c.__name__.lower() for c in classes.values()}
+    return words - {"fedavg", "local"}
+
+
+def core_method_names(files: dict[str, str]) -> dict[str, list[str]]:
+    """``{file: method words its code uses}`` for the files (name -> source) that use any."""
+    names = method_words()
+    return {f: sorted(code_words(src) & names) for f, src in files.items() if code_words(src) & names}
+
+
+def test_core_code_names_no_method():
+    """The core is the interface and the runtimes: a field, function, option or string named after one method
+    belongs in that method's module or in a part. (A name check cannot see a field that serves one method under
+    a plain name, as DBE's former ``TrainSpec.feature_shift`` did; such needs go through data such as
+    ``training.Forward``.)"""
+    files = {str(p.relative_to(SRC)): p.read_text() for p in (SRC / "fedblend" / "core").rglob("*.py")}
+    assert core_method_names(files) == {}
+
+
+def test_core_name_check_catches_a_method_name_in_code_but_not_in_docs():
+    src = ('"""Like DBE\'s bias."""\n'
+           "def forward(x, dbe_shift=None):  # FedProto too\n"
+           '    """APFL\'s mixture."""\n'
+           '    return x.get("fedproto.protos")\n')
+    assert core_method_names({"m.py": src}) == {"m.py": ["dbe", "fedproto"]}
+    assert core_method_names({"m.py": '"""DBE, APFL, FedPHP as examples."""\nx = 1  # apple\n'}) == {}

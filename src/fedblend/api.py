@@ -44,6 +44,7 @@ from fedblend.core.evaluation import EvalProtocol, client_accuracies
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
+from fedblend.progress import Progress
 
 __all__ = ["EvalProtocol", "LogConfig", "PartitionSpec", "RunConfig", "RunResult", "SamplingConfig", "TrainConfig",
            "load", "open_run", "run"]
@@ -199,9 +200,10 @@ def in_notebook() -> bool:
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
-class NotebookProgress:
+class NotebookProgress(Progress):
     """``tqdm.auto`` bars (a widget in a notebook): rounds with accuracy, loss and seconds per round, and the
-    clients of the current round or evaluation. Reads metrics only; changes no result."""
+    clients of the current round or evaluation (the client bar and closing are the terminal display's).
+    Reads metrics only; changes no result."""
 
     def __init__(self, total: int, label: str):
         from tqdm.auto import tqdm
@@ -209,11 +211,6 @@ class NotebookProgress:
         self.total, self.last_acc = total, None
         self.rounds = tqdm(total=total, desc=label, unit="round")
         self.clients = tqdm(total=0, desc="clients", unit="client", leave=False)
-
-    def on_client(self, kind: str, n: int) -> None:
-        from fedblend.progress import Progress
-
-        Progress.on_client(self, kind, n)  # the terminal display's client bar, on this object's tqdm.auto bars
 
     def __call__(self, m: dict, sim) -> None:
         if self.rounds is None:
@@ -224,12 +221,6 @@ class NotebookProgress:
         acc = f"acc {self.last_acc:.4f} " if self.last_acc is not None else ""
         self.rounds.set_postfix_str(f"{acc}loss {m['train_loss']:.4f} {per:.2f}s/round", refresh=False)
         self.rounds.update(m["round"] - self.rounds.n)
-
-    def close(self) -> None:
-        for bar in (self.clients, self.rounds):
-            if bar is not None:
-                bar.close()
-        self.rounds = self.clients = None
 
 
 def make_progress(progress: Any, total: int, label: str):
@@ -243,8 +234,6 @@ def make_progress(progress: Any, total: int, label: str):
     if progress is True or in_notebook():
         return NotebookProgress(total, label)
     if hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
-        from fedblend.progress import Progress
-
         return Progress(total, label)
     return None
 

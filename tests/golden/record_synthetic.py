@@ -2,6 +2,11 @@
 
     python tests/golden/record_synthetic.py tests/golden/synthetic.json          # add the missing specs
     python tests/golden/record_synthetic.py tests/golden/synthetic.json --all    # re-record everything
+    python tests/golden/record_synthetic.py /tmp/before.json --check             # bit for bit against a file
+
+A refactor is proven on one machine: record every spec with the old code (``--all`` into a scratch file, from a
+checkout of the old commit), then ``--check`` that file with the new code: every history must be reproduced bit
+for bit (``tests/test_golden.py`` compares the committed goldens within the cross-machine tolerance).
 
 Every registered method and every method+transform the registry allows (``tests.test_shared_suite.SPECS``) runs
 two cases on the 4-client synthetic federation: full participation (4 rounds, seed 1) and partial participation
@@ -58,13 +63,36 @@ def keys() -> list[str]:
     return [f"{spec}/{case}" for spec in SPECS for case in CASES]
 
 
-def main(out: str, everything: bool = False) -> None:
+def golden_federation():
+    """The suite's ``tiny_fed`` federation, at one thread."""
     from fedblend.data.federated import PartitionSpec, build_federated
     from fedblend.data.synthetic import make_synthetic
 
     torch.set_num_threads(1)
-    fed = build_federated(make_synthetic(), PartitionSpec(kind="dirichlet", alpha=1.0, num_clients=4, min_samples=5,
-                                                          split="merge"), seed=0)  # the suite's tiny_fed
+    return build_federated(make_synthetic(), PartitionSpec(kind="dirichlet", alpha=1.0, num_clients=4, min_samples=5,
+                                                           split="merge"), seed=0)
+
+
+def check(path: str) -> int:
+    """Every history in ``path`` reproduced bit for bit by this checkout (same machine); prints each difference
+    and the count; 1 if any differs or a spec of this checkout has no history in ``path``."""
+    from fedblend.common.histories import diff_histories
+
+    want = json.loads(Path(path).read_text())
+    fed = golden_federation()
+    missing = sorted(set(keys()) - set(want))
+    bad = 0
+    for key in sorted(want):
+        diffs = diff_histories(want[key], history(fed, key), exact=True)
+        bad += bool(diffs)
+        print(("ok  " if not diffs else "DIFF") + f" {key}" + "".join(f"\n     {d}" for d in diffs[:10]), flush=True)
+    print(f"{len(want) - bad} of {len(want)} bit for bit, {bad} different; registered specs without a history "
+          f"there: {missing or 'none'}")
+    return 1 if bad or missing else 0
+
+
+def main(out: str, everything: bool = False) -> None:
+    fed = golden_federation()
     path = Path(out)
     result = {} if everything or not path.exists() else json.loads(path.read_text())
     todo = [k for k in keys() if k not in result]
@@ -76,4 +104,6 @@ def main(out: str, everything: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    if "--check" in sys.argv[2:]:
+        sys.exit(check(sys.argv[1]))
     main(sys.argv[1], everything="--all" in sys.argv[2:])

@@ -40,13 +40,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from torch.func import functional_call
 
 from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
-from fedblend.core.training import Batch, Forward, LossTerm, TrainResult, forward
+from fedblend.core.training import Batch, Forward, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
 INIT = "dbe_init"  # the phase of the initialisation pass (``init_pass = "before"``)
@@ -82,7 +83,9 @@ def mr_term(global_mean: torch.Tensor, kappa: float) -> LossTerm:
 def shifted_forward(model: FedModel, params: Params, x: torch.Tensor, with_features: bool, key: str):
     """PRBM's forward in training (Sec. 4.2): ``h(f(x) + zbar_i^p)`` with the bias the entry ``key`` of the trained
     ``params`` (not a model parameter, trained by the same step); the features returned (for MR) are ``f(x)``."""
-    return forward(model, {k: v for k, v in params.items() if k != key}, x, with_features, shift=params[key])
+    model_params = {k: v for k, v in params.items() if k != key}
+    feats = functional_call(model, model_params, (x,), {"part": "features"})
+    return functional_call(model, model_params, (feats + params[key],), {"part": "head"}), feats
 
 
 def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:

@@ -42,16 +42,21 @@ def dumps(obj: Any, **kwargs: Any) -> str:
     return json.dumps(finite_or_none(obj), allow_nan=False, **kwargs)
 
 
+def _read_text(path: Path, kind: str, fix: str) -> str:
+    """The text of ``path``; :class:`UserFileError` naming the file when it cannot be read or is not text."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as exc:
+        raise UserFileError(f"{path} is not a text ({kind}) file ({exc.reason}); {fix}") from exc
+    except OSError as exc:
+        raise UserFileError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from exc
+
+
 def read_json_object(path: str | Path, fix: str) -> dict[str, Any]:
     """The JSON object in file ``path``; :class:`UserFileError` naming the file, what is wrong (unreadable, not
     JSON -- with line and column --, not an object) and ``fix`` (what the user can do)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise UserFileError(f"{path} is not a text (JSON) file ({exc.reason}); {fix}") from exc
-    except OSError as exc:
-        raise UserFileError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from exc
+    text = _read_text(path, "JSON", fix)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -67,12 +72,7 @@ def read_jsonl(path: str | Path, fix: str, partial_last: bool = False) -> list[d
     line that is cut off (no newline at its end, not JSON: a run writing it right now) is left out instead of
     being an error. :class:`UserFileError` names the file, the line and ``fix``."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise UserFileError(f"{path} is not a text (JSON lines) file ({exc.reason}); {fix}") from exc
-    except OSError as exc:
-        raise UserFileError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from exc
+    text = _read_text(path, "JSON lines", fix)
     lines = text.split("\n")
     rows = []
     for i, line in enumerate(lines, 1):

@@ -149,14 +149,13 @@ def batches_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-            with_features: bool = False, shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits (and the features before the head) of the model with ``params`` on ``x``; ``shift`` (if given) is
-    added to the features before the head (the returned features are the unshifted ones)."""
-    if not with_features and shift is None:
+            with_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (and, with ``with_features``, the features before the head) of the model with ``params`` on ``x``:
+    the forward pass of every spec without a :class:`Forward` of its own."""
+    if not with_features:
         return functional_call(model, params, (x,)), None
     feats = functional_call(model, params, (x,), {"part": "features"})
-    head_in = feats if shift is None else feats + shift
-    return functional_call(model, params, (head_in,), {"part": "head"}), feats
+    return functional_call(model, params, (feats,), {"part": "head"}), feats
 
 
 def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
