@@ -191,8 +191,8 @@ def test_wrong_shapes_are_refused(tmp_path):
     cfg = tiny_cfg("fedavg", "rounds=2")
     original = Node.handle
 
-    def corrupt(self, jobs, keep):
-        out = original(self, jobs, keep)
+    def corrupt(self, jobs, keep, states=None):
+        out = original(self, jobs, keep, states)
         for r in out:
             if r["cid"] == 2 and r.get("ok") and "params" in r["reply"]["arrays"]:
                 name = next(iter(r["reply"]["arrays"]["params"]))

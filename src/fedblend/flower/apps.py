@@ -133,8 +133,7 @@ def answer(msg: Message, context: Context, run_config: dict | None = None, state
             return Message(content("hello", node.hello()), reply_to=msg)
         t1 = time.perf_counter()
         jobs, _ = unpack(msg.content, "jobs")
-        keep = int(meta.get("keep", 2))
-        results = node.handle(jobs, keep) if states is None else node.handle(jobs, keep, states)
+        results = node.handle(jobs, int(meta.get("keep", 2)), states)
         timing = {"node_load": round(t1 - t0, 4), "work": round(time.perf_counter() - t1, 4)}
         if age is not None:
             timing["process_age"] = age
