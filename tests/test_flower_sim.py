@@ -32,17 +32,18 @@ from fedblend.core.checkpoint import load_checkpoint  # noqa: E402
 from fedblend.experiment import run_experiment  # noqa: E402
 from fedblend.flower.sim import ContextStates, simulate  # noqa: E402
 from tests.helpers import history  # noqa: E402
+from tests.test_flower import TINY as FLOWER_TINY  # noqa: E402
+from tests.test_flower import tiny_cfg as flower_tiny_cfg  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["dataset='synthetic'", "model='mlp'", "rounds=2", "seed=3", "checkpoint_every=1", "partition.num_clients=4",
-        "partition.min_samples=5", "train.lr=0.05", "train.batch_size=16"]
+TINY = [*FLOWER_TINY, "rounds=2"]  # the Flower tests' tiny config, two rounds
 SCORES = ("round", "acc", "loss", "train_loss", "global_acc", "bytes_down", "bytes_up", "selected", "per_client")
 DEFAULT = ("fedavg", "fedala")  # in the default suite; the others with --slow
 
 
 def tiny_cfg(method: str):
-    return load_config(None, [*TINY, f"method={method!r}"])
+    return flower_tiny_cfg(method, "rounds=2")
 
 
 def assert_equal_runs(seq: Path, sim: Path, method: str) -> None:
