@@ -284,7 +284,7 @@ def test_eval_modes_do_not_disturb_training(tiny_fed):
     tr = runs["trained"]
     got = tr.method.eval_params(eval_message(tr, 1), tr.store.get(1), tr.client_ctx(1, 2, "evaluate"))
     assert got is tr.store.get(1)["params"]
-    assert "ALA-initialised" in sim.method.describe_eval()
+    assert "ALA-initialised" in sim.method.traits.eval_model
 
 
 def test_stats_and_options_validation(tiny_fed):

@@ -202,7 +202,7 @@ def test_non_participant_row_and_params_untouched(tiny_fed, sequential):
 def test_sequential_server_later_clients_see_earlier_uploads(tiny_fed):
     for sequential in (False, True):
         sim = tiny_sim(tiny_fed, "fedapa", {"sequential": sequential}, rounds=1)
-        assert sim.method.sequential_server is sequential
+        assert sim.method.traits.sequential_server is sequential
         calls = _recording(sim)
         sim.run_round()
         first = calls[0][0]

@@ -120,7 +120,7 @@ def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
                      ctx.tree.torch("finetune"), epochs=1).params
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert not torch.equal(got["fc2.weight"], sim.store.get(0)["params"]["fc2.weight"])  # fine-tuning ran
-    assert sim.method.describe_eval().endswith("then fine-tuned for ft_epochs on each client's training data")
+    assert sim.method.traits.eval_model.endswith("then fine-tuned for ft_epochs on each client's training data")
 
 
 def test_bytes_counted_per_client(tiny_fed):

@@ -227,8 +227,32 @@ def test_cli_runs_with_the_process_backend(tmp_path):
 def test_own_loop_is_declared():
     from fedblend.algorithms import build_method
 
-    assert not build_method("fedprox").has_own_loop
-    assert build_method("fedprox+ala").has_own_loop and build_method("fedala").has_own_loop
+    assert not build_method("fedprox").traits.own_loop
+    assert build_method("fedprox+ala").traits.own_loop and build_method("fedala").traits.own_loop
+
+
+def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
+    import dataclasses
+
+    from fedblend.algorithms import METHODS, build_method
+    from fedblend.core.method import Method, Traits
+
+    apa = build_method("fedapa", {"sequential": False})
+    assert build_method("fedapa", {"sequential": True}).traits.sequential_server and not apa.traits.sequential_server
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        apa.traits.sequential_server = True
+    # an option that makes the client keep its model; a transform that needs one
+    assert build_method("fedphp", {"eval": "trained"}).traits.keeps_model
+    assert not build_method("fedavg").traits.keeps_model and build_method("fedavg+ala").traits.keeps_model
+    # the evaluation description composes the transform's and the method's own wrapping
+    assert build_method("fedprox+ala").traits.eval_model != build_method("fedprox").traits.eval_model
+    assert build_method("fedalp", {"local_model": "group"}).traits.eval_model.startswith("the client's group model")
+    # no behaviour flag is a property a runtime could read instead of the traits
+    for cls in METHODS.values():
+        for name in {f.name for f in dataclasses.fields(Traits)}:
+            assert not isinstance(getattr(cls, name, None), property), f"{cls.name}.{name} is a property"
+    with pytest.raises(TypeError, match="no trait named"):
+        Method().resolve_traits(keep_model=True)
 
 
 def test_bench_command_times_engine_and_plain_loop(capsys):

@@ -213,7 +213,7 @@ def _protocol(cfg: RunConfig, sim: Simulation) -> dict[str, Any]:
                     f"set eval.select = 'val' to pick the round on validation data" if p.split == "test"
                     else f"{p.report} round's accuracy on the validation split")
     return {
-        "personalized_model": sim.method.describe_eval(),
+        "personalized_model": sim.method.traits.eval_model,
         "when": "after each round's aggregation (every eval.every rounds and the last)",
         "split": p.split,
         "accuracy": "pooled over clients: sum correct / sum samples",

@@ -83,4 +83,4 @@ def test_apfl_evaluates_the_mixture(tiny_fed):
         w = ev.params() if spec == "apfl" else sim.method.transforms[0].eval_params(sim.method, ev, st, ctx, None)
         assert 0.0 < float(a) < 1.0
         assert all(torch.allclose(p[k], a * st["apfl"]["v"][k] + (1 - a) * w[k]) for k in w)
-        assert "mixture" in sim.method.describe_eval()
+        assert "mixture" in sim.method.traits.eval_model

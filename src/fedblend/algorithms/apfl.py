@@ -33,7 +33,7 @@ model and the client's last ``w``, as for FedAvg.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -108,6 +108,7 @@ class APFL(Method):
         st = cstate["apfl"]
         return mix(st["v"], super().eval_params(msg, cstate, ctx), st["alpha"])
 
-    def describe_eval(self) -> str:
-        return ("each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its local model v_i and w = "
-                + super().describe_eval())
+    def resolve_traits(self, **declared):
+        t = super().resolve_traits(**declared)
+        return replace(t, eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its "
+                                     "local model v_i and w = " + t.eval_model)

@@ -31,7 +31,7 @@ the proximal term still pulls toward the received ``w^t``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from fedblend.algorithms.parts.proximal import proximal_term
@@ -90,5 +90,6 @@ class Ditto(Method):
         """``v_k``, also with a transform: ALA initialises the global update, not the personalized model."""
         return self.personalized_params(msg, cstate, ctx)
 
-    def describe_eval(self) -> str:
-        return self.eval_model
+    def resolve_traits(self, **declared):
+        """``v_k`` is evaluated also with a transform on (the transform changes the global update only)."""
+        return replace(super().resolve_traits(**declared), eval_model=self.eval_model)

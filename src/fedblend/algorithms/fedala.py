@@ -23,10 +23,10 @@ class FedALA(FedAvg):
     eval_model = "the ALA-initialised model of each client (see the ALA transform)"
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
-        super().__init__(options, transforms)
-        if any(isinstance(t, ALA) for t in self.transforms):
+        if any(isinstance(t, ALA) for t in transforms or []):
             raise ValueError("fedala already runs ALA; use 'fedala' or 'fedavg+ala', not 'fedala+ala'")
-        self.transforms = [ALA(self.opts)] + self.transforms
+        options = options if options is not None else self.options_cls()
+        super().__init__(options, [ALA(options)] + list(transforms or []))
 
     @property
     def label(self) -> str:

@@ -95,10 +95,11 @@ class FedALP(Method):
     #: "fedalp+ala") blends W_new with the client's previous model
     client_keeps_model = False
 
-    def __init__(self, options=None, transforms=None):
-        super().__init__(options, transforms)
+    def resolve_traits(self, **declared):
         if self.opts.local_model == "group":
-            self.eval_model = "the client's group model w_m (the global model before clustering)"
+            declared = {"eval_model": "the client's group model w_m (the global model before clustering)",
+                        **declared}
+        return super().resolve_traits(**declared)
 
     # ------------------------------------------------------------------------------------ helpers
     def t_pre(self, run: RunInfo) -> int:

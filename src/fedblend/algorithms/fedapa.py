@@ -154,9 +154,8 @@ class FedAPA(Method):
     evaluates_own_model = True  # a client evaluates its own current model (Sec. 5.2)
     has_global = False  # what travels is the ``share`` option's (shared_names), not the class default
 
-    @property
-    def sequential_server(self) -> bool:
-        return self.opts.sequential
+    def resolve_traits(self, **declared):
+        return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
 
     def shared_names(self, run: RunInfo) -> list[str]:
         return run.model.body_names() if self.opts.share == "body" else list(run.init_params)

@@ -4,7 +4,7 @@ so the run's ``global_accuracy`` equals the FedAvg run with the same seed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from fedblend.algorithms.fedavg import FedAvg
@@ -39,5 +39,6 @@ class FedAvgFT(FedAvg):
         """The tensors fine-tuned before evaluation (None: all)."""
         return None
 
-    def describe_eval(self) -> str:
-        return f"{super().describe_eval()}; then fine-tuned for ft_epochs on each client's training data"
+    def resolve_traits(self, **declared):
+        t = super().resolve_traits(**declared)
+        return replace(t, eval_model=f"{t.eval_model}; then fine-tuned for ft_epochs on each client's training data")

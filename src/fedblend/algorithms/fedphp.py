@@ -138,10 +138,9 @@ class FedPHP(FedAvg):
         cstate = {**cstate, "hpm": moving_average(cstate["hpm"], res.params, mu_i), "joins": cstate["joins"] + 1}
         return res, cstate
 
-    @property
-    def keeps_model(self) -> bool:
+    def resolve_traits(self, **declared):
         """``eval = "trained"`` keeps the client's last trained model to evaluate it."""
-        return super().keeps_model or self.opts.eval == "trained"
+        return super().resolve_traits(keeps_model=self.client_keeps_model or self.opts.eval == "trained", **declared)
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         if not cstate["joins"]:

@@ -102,13 +102,10 @@ class PFedHN(Method):
     has_global = False
     client_keeps_model = False
 
-    @property
-    def keeps_model(self) -> bool:
-        return self.opts.personal_head or super().keeps_model
-
-    @property
-    def sequential_server(self) -> bool:
-        return self.opts.sequential
+    def resolve_traits(self, **declared):
+        """pFedHN-PC keeps the client's own head; ``sequential`` runs the clients of a round one after another."""
+        return super().resolve_traits(keeps_model=self.opts.personal_head or self.client_keeps_model,
+                                      sequential_server=self.opts.sequential, **declared)
 
     def shared_names(self, run: RunInfo) -> list[str]:
         return run.model.body_names() if self.opts.personal_head else list(run.init_params)

@@ -119,9 +119,8 @@ class PFedLA(Method):
     has_global = False
     client_keeps_model = False
 
-    @property
-    def sequential_server(self) -> bool:
-        return self.opts.sequential
+    def resolve_traits(self, **declared):
+        return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
 
     def _grouping(self, run: RunInfo) -> list[list[str]]:
         return groups(list(run.init_params), self.opts.granularity)

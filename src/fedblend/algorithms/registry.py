@@ -79,13 +79,14 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
     cls = METHODS[base]
     transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
                   for p in parts]
-    if transforms and not cls.accepts_transforms:
+    method = cls(make_options(cls.options_cls, options, "options"), transforms)
+    if transforms and not method.traits.accepts_transforms:
         raise ValueError(f"{spec!r}: {base} trains from a model of its own that no client transform can change; "
                          f"run it without {'+'.join(parts)}")
     for t in transforms:
-        if t.requires_global and not cls.has_global:
+        if t.requires_global and not method.traits.has_global:
             raise ValueError(f"{spec!r}: {base} has no global model for {t.name} to blend from")
-    return cls(make_options(cls.options_cls, options, "options"), transforms)
+    return method
 
 
 def option_fields(cls: type) -> list[str]:

@@ -402,7 +402,7 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     from fedblend.progress import Progress
 
     method = METHODS[parse_method(cfg.method)[0]]
-    if not method.pretrainable:
+    if not method.traits.pretrainable:
         able = " or ".join(f"method = {n!r}" for n, c in sorted(METHODS.items()) if c.pretrainable)
         raise ConfigError(f"pretrain needs a method with a pre-training run ({able}), got {cfg.method!r}")
     if not args.out:

@@ -223,7 +223,7 @@ class Simulation:
         active = list(selected)  # a later phase goes to the clients whose reply the phase before accepted
         for phase in phases:
             accepted: list[int] = []
-            if self.method.sequential_server:
+            if self.method.traits.sequential_server:
                 for cid in active:
                     replies = exchange(phase, [cid])
                     aggregate(phase, replies)
@@ -265,7 +265,7 @@ class Simulation:
             metrics[key] = _mean([stats[c].get(key) for c in selected])
         metrics.update(sctx.stats)
         metrics.update(_time_shares([stats[c] for c in selected]))
-        per_client = _stats_per_client(selected, stats, self.method.per_client_stats)
+        per_client = _stats_per_client(selected, stats, self.method.traits.per_client_stats)
         if per_client:
             metrics["stats_per_client"] = per_client
         if skipped:

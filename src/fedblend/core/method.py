@@ -47,7 +47,7 @@ runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a metho
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -64,7 +64,42 @@ State = dict[str, Any]
 ClientWork = Generator[TrainSpec, TrainResult, tuple[Message, State]]
 
 __all__ = ["ClientCtx", "ClientTransform", "ClientWork", "Message", "Method", "RunInfo", "ServerCtx", "State",
-           "comm_bytes"]
+           "Traits", "comm_bytes"]
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the engine, the runtimes, the registry and the reports know about a built method: one frozen value,
+    resolved once (:meth:`Method.resolve_traits`) from the class's declarations, its options and its transforms.
+    Nothing reads a method's behaviour flags anywhere else."""
+
+    #: what the reported personalized accuracy evaluates, written into every result (transforms included)
+    eval_model: str
+    #: "all": every parameter travels; "body": the head stays on the client
+    shares: str
+    #: the method has a global model whose accuracy is reported beside the personalized one
+    has_global: bool
+    #: the client state holds the client's model (the method needs it, or one of its transforms does)
+    keeps_model: bool
+    #: some client work is plain code outside TrainSpecs (the method's or a transform's own loop); a batching
+    #: backend runs such clients one by one
+    own_loop: bool
+    #: client transforms (ALA, ...) can change the model the client trains from
+    accepts_transforms: bool
+    #: the personalized model evaluated is what the client would start training from now; False: its model after
+    #: its last local training (``cstate["params"]``)
+    evaluates_received_model: bool
+    #: the client evaluates a model it holds, so the evaluation message is empty
+    evaluates_own_model: bool
+    #: the method has a pre-training run (``fedblend pretrain``)
+    pretrainable: bool
+    #: the engine runs configure -> client -> aggregate one selected client at a time, so later clients of a
+    #: round see earlier uploads (e.g. FedAPA's authors' code); False: every message of a round is made from the
+    #: round's starting server state and ``aggregate`` sees every reply at once
+    sequential_server: bool
+    #: prefixes of the client stats the engine records per client (``stats_per_client`` of the round's metrics)
+    #: besides their mean over the selected clients: those of the transforms
+    per_client_stats: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -191,7 +226,11 @@ class ClientTransform:
 
 
 class Method:
-    """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring)."""
+    """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring).
+
+    The ClassVars below are a method class's *declarations*; what the rest of fedblend reads is ``self.traits``
+    (:class:`Traits`), resolved from them, the options and the transforms when the method is built. A method
+    whose options change a declaration says so in :meth:`resolve_traits`, nowhere else."""
 
     name: ClassVar[str] = "method"
     options_cls: ClassVar[type] = NoOptions
@@ -224,44 +263,39 @@ class Method:
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
         self.transforms = list(transforms or [])
+        self.traits: Traits = self.resolve_traits()
+
+    def resolve_traits(self, **declared: Any) -> Traits:
+        """The method's :class:`Traits`: the class declarations, overridden by ``declared`` (what a subclass's
+        options change, e.g. ``super().resolve_traits(sequential_server=self.opts.sequential)``), then composed
+        with the transforms (a transform's model need, own loop, per-client stats and evaluation description). A
+        subclass that changes a resolved trait (e.g. wraps the evaluation description) ``replace``s the result."""
+        base = dict(eval_model=self.eval_model, shares=self.shares, has_global=self.has_global,
+                    keeps_model=self.client_keeps_model, own_loop=self.client_own_loop,
+                    accepts_transforms=self.accepts_transforms,
+                    evaluates_received_model=self.evaluates_received_model,
+                    evaluates_own_model=self.evaluates_own_model, pretrainable=self.pretrainable,
+                    sequential_server=False, per_client_stats=())
+        unknown = set(declared) - set(base)
+        if unknown:
+            raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
+        t = Traits(**{**base, **declared})
+        desc = t.eval_model
+        for tr in self.transforms:
+            desc = tr.eval_description(self, desc)
+        return replace(t, eval_model=desc,
+                       keeps_model=t.keeps_model or any(tr.needs_local_model for tr in self.transforms),
+                       own_loop=t.own_loop or any(tr.own_loop for tr in self.transforms),
+                       per_client_stats=t.per_client_stats + tuple(p for tr in self.transforms
+                                                                   for p in tr.per_client_stats))
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
     def label(self) -> str:
         return "+".join([self.name] + [t.name for t in self.transforms])
 
-    @property
-    def keeps_model(self) -> bool:
-        """The client state holds the client's model: the method needs it, or one of its transforms does."""
-        return self.client_keeps_model or any(t.needs_local_model for t in self.transforms)
-
-    @property
-    def has_own_loop(self) -> bool:
-        """Some client work is plain code outside TrainSpecs (the method's or a transform's own loop)."""
-        return self.client_own_loop or any(t.own_loop for t in self.transforms)
-
-    @property
-    def per_client_stats(self) -> tuple[str, ...]:
-        """Prefixes of the client stats the engine records per client (``stats_per_client`` of the round's
-        metrics) besides their mean over the selected clients: those of the transforms."""
-        return tuple(p for t in self.transforms for p in t.per_client_stats)
-
-    @property
-    def sequential_server(self) -> bool:
-        """True: the engine runs configure -> client -> aggregate one selected client at a time, so later
-        clients of a round see earlier uploads (e.g. FedAPA's authors' code). False (default): every message of
-        a round is made from the round's starting server state and ``aggregate`` sees every reply at once."""
-        return False
-
-    def describe_eval(self) -> str:
-        """``eval_model`` as changed by the transforms (written into every result's protocol)."""
-        desc = self.eval_model
-        for t in self.transforms:
-            desc = t.eval_description(self, desc)
-        return desc
-
     def shared_names(self, run: RunInfo) -> list[str]:
-        return list(run.init_params) if self.shares == "all" else run.model.body_names()
+        return list(run.init_params) if self.traits.shares == "all" else run.model.body_names()
 
     @classmethod
     def pretrain_options(cls, options: Mapping[str, Any]) -> dict:
@@ -306,12 +340,12 @@ class Method:
         return {**server, "global": {**server["global"], **avg}}
 
     def global_params(self, server: State) -> Params | None:
-        return server.get("global") if self.has_global else None
+        return server.get("global") if self.traits.has_global else None
 
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
         model (``"global"``) where the method has one."""
-        if self.evaluates_own_model:
+        if self.traits.evaluates_own_model:
             return Message()
         msg = self.configure_train(server, cid, sctx)
         glob = self.global_params(server)
@@ -321,7 +355,7 @@ class Method:
 
     # ========================================================================================= client half
     def init_client(self, ctx: ClientCtx) -> State:
-        return {"params": clone(ctx.run.init_params)} if self.keeps_model else {}
+        return {"params": clone(ctx.run.init_params)} if self.traits.keeps_model else {}
 
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
         if phase == "train":
@@ -390,7 +424,7 @@ class Method:
         self._score("bp", params, msg, cstate, ctx)
         res, cstate = yield from self.local_training(params, msg, cstate, ctx)
         self._score("ap", res.params, msg, cstate, ctx)
-        if self.keeps_model:
+        if self.traits.keeps_model:
             cstate = {**cstate, "params": res.params}
         for t in self.transforms:
             cstate = t.after_train(self, res.params, cstate, ctx)
@@ -404,7 +438,7 @@ class Method:
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The method's own personalized model of the client: its model after local training, or what it would
         start training from (``evaluates_received_model``)."""
-        return self.client_init(msg, cstate, ctx) if self.evaluates_received_model else cstate["params"]
+        return self.client_init(msg, cstate, ctx) if self.traits.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Parameters of the client's personalized model as the method's paper evaluates it: the method's

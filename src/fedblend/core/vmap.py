@@ -11,7 +11,7 @@ floating-point reassociation (tested within tolerance, not bit for bit).
 
 What cannot be batched runs one by one through the sequential path, with a one-line notice (and counted per
 reason in every round's metrics, :meth:`VmapBackend.report`): clients whose work
-includes an own loop (``Method.has_own_loop``: ALA's weight learning, inner solvers) and specs with loss terms
+includes an own loop (``Traits.own_loop``: ALA's weight learning, inner solvers) and specs with loss terms
 that look at the batch (only terms with ``uses_batch = False``, such as FedProx's proximal term, are batched)
 or that bring their own forward pass (a :class:`~fedblend.core.training.Forward`, e.g. DBE's).
 Evaluation is batched across clients where the model allows it: clients whose evaluated model is the same
@@ -217,7 +217,7 @@ class VmapBackend(Backend):
         evals = [i for i, j in enumerate(jobs) if j.phase == EVALUATE]
         for i, res in zip(evals, self._evaluate([jobs[i] for i in evals])):
             out[i] = res
-        if self.method.has_own_loop:
+        if self.method.traits.own_loop:
             self._notice(f"{self.method.label} runs its own loop on the client")
             for i, j in enumerate(jobs):
                 if out[i] is None:
