@@ -112,6 +112,27 @@ def test_report_writes_the_per_client_distribution_and_fairness_columns(tmp_path
     assert final_client_accuracies([tmp_path / "runs" / "t1-fmnist-dir-fedala" / "seed0"]) == [0.3, 0.6, 0.3]
 
 
+def test_report_table_names_the_method_of_runs_that_share_a_config_name(tmp_path):
+    """Runs of one config file with ``--set method=X`` keep the file's name: the table must still say which
+    method each row is, and the warning must say how to tell the rows apart."""
+    from fedblend.cli.report import report
+
+    root = tmp_path / "runs"
+    for method in ("fedphp", "fedgh"):
+        d = root / method / "seed0"
+        d.mkdir(parents=True)
+        cfg = {"method": method, "dataset": "fmnist", "seed": 0, "name": "t1-fmnist-dir-fedavg"}
+        (d / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc": 0.9, "loss": 0.3}) + "\n")
+        (d / "summary.json").write_text(json.dumps({
+            "status": "finished", "label": "t1-fmnist-dir-fedavg", "method": method, "seed": 0, "rounds": 1,
+            "best_accuracy": 0.9, "final_accuracy": 0.9, "seconds_per_round": 1.0, "run": {"config": cfg}}))
+    table = report([root], None, plots=False)
+    body = [line for line in table.splitlines() if line.startswith("| t1-fmnist-dir-fedavg |")]
+    assert table.startswith("| run | method | config |")
+    assert sorted(line.split(" | ")[1] for line in body) == ["fedgh", "fedphp"]
+    assert "see the method and config columns" in table
+
+
 def test_compare_with_fewer_than_three_seeds_warns_that_the_interval_means_little(tmp_path, capsys):
     from fedblend.cli.main import main
 

@@ -125,7 +125,7 @@ def test_compare_paired_differences_on_hand_made_summaries(tmp_path):
     assert 0 < m["p"] < 0.1
     assert c["metrics"]["final_accuracy"]["per_seed"] == pytest.approx({"0": 1.0, "1": 2.0, "2": 0.0})
     assert "fedapa - fedala" in text and "+2.00" in text
-    assert (tmp_path / "rep" / "table.csv").read_text().splitlines()[0].startswith("run,config,seeds")
+    assert (tmp_path / "rep" / "table.csv").read_text().splitlines()[0].startswith("run,method,config,seeds")
     assert "\\begin{tabular}" in (tmp_path / "rep" / "table.tex").read_text()
     assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 1000
     from fedblend.common.errors import ConfigError

@@ -182,7 +182,7 @@ def _mean_or_none(values: list) -> float | None:
 
 
 COMPARED = ("best_accuracy", "final_accuracy", "global_best_accuracy", "global_final_accuracy")
-COLUMNS = [("label", "run"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"), ("best", "best acc %"),
+COLUMNS = [("label", "run"), ("method", "method"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"), ("best", "best acc %"),
            ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
            ("worst_client", "worst client %"), ("p10_client", "client p10 %"), ("s_per_round", "s/round")]
 
@@ -411,7 +411,7 @@ def notes(rows: list[dict], pending: list[dict]) -> str:
     labels = [r["label"] for r in rows]
     for label in sorted({x for x in labels if labels.count(x) > 1}):
         lines.append(f"warning: {label} has {labels.count(label)} different configs (one row each, see the "
-                     f"config column)")
+                     f"method and config columns; give each config its own name)")
     for u in pending:
         why = f": {u['reason']}" if u["reason"] else ""
         lines.append(f"unfinished: {u['dir']} ({u['status']}, last round {u['last_round']}){why}")
