@@ -42,12 +42,18 @@ RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")
 class Row:
     """One method's row: ``key`` is its folder under each column (the run's method name), ``metric`` the summary
     field reported (personalized best accuracy unless the paper reports the global model), ``paper`` the published
-    number per column."""
+    number per column; ``folder`` reads the runs of another folder instead (FedAvg's global model from the
+    FedAvg-FT runs, which train exactly like FedAvg: ``tests/test_fedavg.py`` checks it bit for bit)."""
 
     key: str
     label: str
     paper: dict[str, float] = field(default_factory=dict)
     metric: str = "best_accuracy"
+    folder: str | None = None
+
+    @property
+    def where(self) -> str:
+        return self.folder or self.key
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def _paper(pat: float | None, dr: float | None) -> dict[str, float]:
 
 
 T1 = Table("t1", "docs/benchmarks.md", "results/t1", (("pat", "pathological"), ("dir", "Dir(0.1)")), (
-    Row("fedavg", "FedAvg (global model)", _paper(75.08, 86.96), "global_best_accuracy"),
+    Row("fedavg", "FedAvg (global model)", _paper(75.08, 86.96), "global_best_accuracy", folder="fedavg-ft"),
     Row("fedphp", "FedPHP", _paper(99.17, 95.33)),
     Row("fedamp", "FedAMP", _paper(99.26, 96.44)),
     Row("apple", "APPLE", _paper(99.06, 95.42)),
@@ -200,7 +206,8 @@ def render_paired(table: Table, anchor: str, repo: Path = REPO) -> str:
     for row in table.rows:
         if row.key == anchor:
             continue
-        cells = [paired_cell(load_runs(root / c / row.key), load_runs(root / c / anchor), row.metric, base.metric)
+        cells = [paired_cell(load_runs(root / c / row.where), load_runs(root / c / base.where), row.metric,
+                             base.metric)
                  for c, _ in table.columns]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -216,13 +223,13 @@ def render(table: Table, repo: Path = REPO) -> str:
     for row in table.rows:
         cells = [row.label]
         for c, _ in table.columns:
-            cells.append(cell(load_runs(root / c / row.key), row.metric, row.paper.get(c), table.scale, table.missing,
-                              load_runs(root / c / row.key, "diverged")))
+            cells.append(cell(load_runs(root / c / row.where), row.metric, row.paper.get(c), table.scale,
+                              table.missing, load_runs(root / c / row.where, "diverged")))
         if table.gains:
             if row.key.endswith("+ala"):
-                host = row.key[:-4]
-                metric = next(r.metric for r in table.rows if r.key == host)
-                cells.append("; ".join(gain_cell(load_runs(root / c / host), load_runs(root / c / row.key), metric)
+                host = next(r for r in table.rows if r.key == row.key[:-4])
+                cells.append("; ".join(gain_cell(load_runs(root / c / host.where), load_runs(root / c / row.where),
+                                                 host.metric)
                                        for c, _ in table.columns))
             else:
                 cells.append("")
