@@ -116,9 +116,8 @@ def test_sequential_server_mode_sees_earlier_uploads(tiny_fed):
     class SeqAvg(FedAvg):
         name = "seqavg-test"
 
-        @property
-        def sequential_server(self):
-            return True
+        def resolve_traits(self, **declared):
+            return super().resolve_traits(**{"sequential_server": True, **declared})
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1)
     sim.method = SeqAvg()

@@ -253,6 +253,10 @@ def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
             assert not isinstance(getattr(cls, name, None), property), f"{cls.name}.{name} is a property"
     with pytest.raises(TypeError, match="no trait named"):
         Method().resolve_traits(keep_model=True)
+    # a resolved-only trait written as a class attribute or property (nothing would read it) is refused
+    for name in ("sequential_server", "keeps_model", "own_loop", "per_client_stats"):
+        with pytest.raises(TypeError, match=f"defines {name} as a class attribute"):
+            type("Stale", (Method,), {name: property(lambda self: True)})
 
 
 def test_bench_command_times_engine_and_plain_loop(capsys):

@@ -401,8 +401,8 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
     from fedblend.experiment import run_experiment
     from fedblend.progress import Progress
 
-    method = METHODS[parse_method(cfg.method)[0]]
-    if not method.traits.pretrainable:
+    method = METHODS[parse_method(cfg.method)[0]]  # the class: its declaration (no option changes it)
+    if not method.pretrainable:
         able = " or ".join(f"method = {n!r}" for n, c in sorted(METHODS.items()) if c.pretrainable)
         raise ConfigError(f"pretrain needs a method with a pre-training run ({able}), got {cfg.method!r}")
     if not args.out:

@@ -182,8 +182,8 @@ def _mean_or_none(values: list) -> float | None:
 
 
 COMPARED = ("best_accuracy", "final_accuracy", "global_best_accuracy", "global_final_accuracy")
-COLUMNS = [("label", "run"), ("method", "method"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"), ("best", "best acc %"),
-           ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
+COLUMNS = [("label", "run"), ("method", "method"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"),
+           ("best", "best acc %"), ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
            ("worst_client", "worst client %"), ("p10_client", "client p10 %"), ("s_per_round", "s/round")]
 
 

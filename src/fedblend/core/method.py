@@ -47,7 +47,7 @@ runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a metho
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -259,6 +259,17 @@ class Method:
     #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
     #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
     pretrainable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any):
+        """A subclass that defines a resolved-only trait (``sequential_server``, ``keeps_model``, ``own_loop``,
+        ``per_client_stats``) as an attribute or property would be silently ignored, since the rest of fedblend
+        reads ``self.traits``: refuse it where the class is written, naming the way that works."""
+        super().__init_subclass__(**kwargs)
+        stale = sorted(f.name for f in fields(Traits) if f.name not in vars(Method) and f.name in vars(cls))
+        if stale:
+            raise TypeError(f"{cls.__name__} defines {', '.join(stale)} as a class attribute, which nothing reads: "
+                            f"declare it in resolve_traits, e.g. def resolve_traits(self, **declared): return "
+                            f"super().resolve_traits(**{{'{stale[0]}': ..., **declared}})")
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         self.opts = options if options is not None else self.options_cls()
