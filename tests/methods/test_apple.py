@@ -89,3 +89,34 @@ def test_apple_all_cores_down_own_core_up(tiny_fed):
     for n in cores:
         cores[n][2] = res.state["core"][n]
     assert same_state(mixture(res.state["dr"], cores), res.state["params"])
+
+
+def test_apple_mean_dr_gradient_is_pflibs_mean_of_element_wise_means(tiny_fed):
+    """``dr_grad = "mean"``: dL/dp_j = (1/T) sum_k mean(dCE/dw_k * c_j,k) over the T parameter tensors (PFLlib's
+    clientapple.py), not Eq. 5's inner product; the core step is unchanged."""
+    sim = tiny_sim(tiny_fed, "apple", rounds=1)
+    model, init = sim.model, sim.run_info.init_params
+    g = torch.Generator().manual_seed(2)
+    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(3)]) for k, v in init.items()}
+    own = {k: v[0].clone() for k, v in cores.items()}
+    dr, prior = torch.tensor([0.4, 0.5, 0.1]), torch.tensor([0.3, 0.3, 0.4])
+    x, y = tiny_fed.clients[1].train_x[:8], tiny_fed.clients[1].train_y[:8]
+    exact_own, exact_dr, _ = apple_step(model, own, 0, cores, dr, prior, x, y, 0.5, 0.1, 0.2)
+    new_own, new_dr, _ = apple_step(model, own, 0, cores, dr, prior, x, y, 0.5, 0.1, 0.2, dr_grad="mean")
+    w = {k: (dr.view(-1, *([1] * (v.dim() - 1))) * v).sum(0).requires_grad_(True) for k, v in cores.items()}
+    gw = dict(zip(w, torch.autograd.grad(F.cross_entropy(functional_call(model, w, (x,)), y), list(w.values()))))
+    gp = torch.tensor([sum(float((gw[k] * cores[k][j]).mean()) for k in gw) / len(gw) for j in range(3)])
+    assert torch.allclose(new_dr, dr - 0.1 * (gp + 0.2 * (dr - prior)), atol=1e-6)
+    assert not torch.allclose(new_dr, exact_dr, atol=1e-4)  # the two gradients really differ
+    assert all(torch.equal(new_own[k], exact_own[k]) for k in own)
+
+
+def test_apple_mixture_upload_sends_and_keeps_the_personalized_mixture(tiny_fed):
+    """``upload = "mixture"`` (PFLlib's model_c): the reply is the client's evaluated mixture, which is its own core
+    from then on; the paper's default uploads the trained core, which differs from the mixture."""
+    for upload in ("core", "mixture"):
+        sim = tiny_sim(tiny_fed, "apple", rounds=2, seed=0, options={"upload": upload})
+        sim.run_round()
+        res = run_client(sim, 1, train_message(sim, 1))
+        assert same_state(res.reply.params(), res.state["core"])
+        assert same_state(res.state["core"], res.state["params"]) is (upload == "mixture")

@@ -16,7 +16,8 @@ with the proximal prior ``p0_i`` (data-size proportions of the clients, Sec. 4) 
 decays over the first ``L`` rounds (the paper's loss scheduler, ``cos``: ``lambda(t) = (cos(pi t / L) + 1) / 2``
 for ``t < L``, then 0; ``linear``: ``1 - t / L``), so clients first stay near the prior and later learn their
 relations freely. The gradients are exact (autograd through the mixture); PFLlib approximates ``dL/dp_ij`` by the
-mean over tensors of the element-wise mean of grad x core.
+mean over tensors of the element-wise mean of grad x core (option ``dr_grad = "mean"``) and uploads the mixture
+instead of the core (``upload = "mixture"``); the defaults follow the paper.
 
 Choices where the paper is silent (``docs/methods/apple.md``): the DR vector starts uniform ``1/M`` (PFLlib);
 the prior uses the data sizes the server has learned from the replies (clients not heard from yet count with the
@@ -52,7 +53,7 @@ from fedblend.core.training import TrainResult, batches
 class APPLEOptions:
     """APPLE options; defaults are FedALA's tuned values (appendix) for the paper's hyperparameters."""
 
-    CHOICES: ClassVar[dict] = {"schedule": ("cos", "linear")}
+    CHOICES: ClassVar[dict] = {"schedule": ("cos", "linear"), "dr_grad": ("exact", "mean"), "upload": ("core", "mixture")}
     RANGES: ClassVar[dict] = {"dr_lr": ">= 0", "mu": ">= 0", "L": "[0, 1]", "core_lr_scale": "> 0"}
 
     dr_lr: float = opt(0.01, "eta2: learning rate of the DR vector")
@@ -60,6 +61,10 @@ class APPLEOptions:
     L: float = opt(0.2, "the prior's coefficient decays to 0 over the first L x rounds")
     schedule: str = opt("cos", "loss scheduler of lambda(t): \"cos\" (FedALA's setting) or \"linear\"")
     core_lr_scale: float | None = opt(None, "core lr = train.lr * this; None: the number of clients (PFLlib)")
+    dr_grad: str = opt("exact", '"exact": dL/dp_ij = <dCE/dw_i, c_j> (Eq. 5, the paper); "mean": PFLlib\'s stand-in, '
+                       "the mean over parameter tensors of the element-wise mean of dCE/dw_i x c_j")
+    upload: str = opt("core", '"core": the client uploads its trained core (the paper); "mixture": its personalized '
+                      "mixture, which is then also its own core next round (PFLlib's model_c)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -94,12 +99,13 @@ class _MixtureWithOwnRow(torch.autograd.Function):
     bit for bit (tested); the gradient of the full stacked tensor is never formed, only its row ``cid``."""
 
     @staticmethod
-    def forward(ctx, p: torch.Tensor, own: torch.Tensor, buffer64: torch.Tensor, cid: int) -> torch.Tensor:
+    def forward(ctx, p: torch.Tensor, own: torch.Tensor, buffer64: torch.Tensor, cid: int,
+                p_scale: float | None = None) -> torch.Tensor:
         buffer64[cid].copy_(own.detach())
         shape = (-1,) + (1,) * (buffer64.dim() - 1)
         p64 = p.detach().to(torch.float64).view(shape)
         ctx.save_for_backward(p64)
-        ctx.buffer64, ctx.cid, ctx.p_dtype, ctx.own_dtype = buffer64, cid, p.dtype, own.dtype
+        ctx.buffer64, ctx.cid, ctx.p_dtype, ctx.own_dtype, ctx.p_scale = buffer64, cid, p.dtype, own.dtype, p_scale
         return (buffer64 * p64).sum(0).to(own.dtype)
 
     @staticmethod
@@ -107,9 +113,11 @@ class _MixtureWithOwnRow(torch.autograd.Function):
         (p64,) = ctx.saved_tensors
         t64 = ctx.buffer64
         g = grad_out.to(torch.float64).unsqueeze(0).expand_as(t64)
-        grad_p = (g * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1).to(ctx.p_dtype)
+        grad_p = (g * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1)
+        if ctx.p_scale is not None:  # dr_grad = "mean": this tensor's share of PFLlib's mean of element-wise means
+            grad_p = grad_p * ctx.p_scale
         grad_own = (g[ctx.cid] * p64[ctx.cid]).to(ctx.own_dtype)
-        return grad_p, grad_own, None, None
+        return grad_p.to(ctx.p_dtype), grad_own, None, None, None
 
 
 def stacked64(cores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,15 +127,19 @@ def stacked64(cores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def apple_step(model, own: Params, cid: int, cores: Mapping[str, torch.Tensor], dr: torch.Tensor,
                prior: torch.Tensor, x: torch.Tensor, y: torch.Tensor, core_lr: float, dr_lr: float,
-               lam_mu: float, buffer64: dict[str, torch.Tensor] | None = None) -> tuple[Params, torch.Tensor, float]:
+               lam_mu: float, buffer64: dict[str, torch.Tensor] | None = None,
+               dr_grad: str = "exact") -> tuple[Params, torch.Tensor, float]:
     """One APPLE mini-batch step (Eq. 3-5): gradients of the cross-entropy of the mixture w.r.t. the own core and
     the DR vector, plus ``lam_mu (p - p0)`` on the DR vector. Returns the new core, DR vector and batch loss.
     ``buffer64`` (:func:`stacked64` of ``cores``, reused across the steps of a local training) saves re-stacking
-    the cores per batch; without it one is built."""
+    the cores per batch; without it one is built. ``dr_grad = "mean"`` replaces Eq. 5's inner product over all
+    parameters by PFLlib's mean over the ``T`` tensors of each tensor's element-wise mean (each tensor's sum
+    divided by ``numel * T``)."""
     buffer64 = stacked64(cores) if buffer64 is None else buffer64
     own_t = {k: v.detach().clone().requires_grad_(True) for k, v in own.items()}
     p = dr.detach().clone().requires_grad_(True)
-    w = {k: _MixtureWithOwnRow.apply(p, own_t[k], buffer64[k], cid) for k in own_t}
+    scale = {k: 1.0 / (v.numel() * len(own_t)) if dr_grad == "mean" else None for k, v in own_t.items()}
+    w = {k: _MixtureWithOwnRow.apply(p, own_t[k], buffer64[k], cid, scale[k]) for k in own_t}
     loss = F.cross_entropy(functional_call(model, w, (x,)), y)
     grads = torch.autograd.grad(loss, list(own_t.values()) + [p])
     new_own = {k: (v - core_lr * g).detach() for (k, v), g in zip(own_t.items(), grads[:-1])}
@@ -210,15 +222,18 @@ class APPLE(Method):
         buffer64 = stacked64(cores)
         for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
-                                       self.opts.dr_lr, lam_mu, buffer64)
+                                       self.opts.dr_lr, lam_mu, buffer64, self.opts.dr_grad)
             total += loss * len(idx)
             seen += len(idx)
             steps += 1
         ctx.stats["train_loss"] = total / max(seen, 1)
         cores = {n: torch.cat([cores[n][:cid], own[n].unsqueeze(0), cores[n][cid + 1 :]]) for n in names}
         personal = mixture(dr, cores)
+        if self.opts.upload == "mixture":  # PFLlib: the mixture is uploaded and is the client's core from now on
+            own = clone(personal)
         return TrainResult(personal, None, ctx.stats["train_loss"], steps, seen), {**cstate, "core": own, "dr": dr}
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
-        """The own core (not the mixture: that is the client's personalized model, kept in its state)."""
+        """The own core (the paper: not the mixture, which is the client's personalized model, kept in its state;
+        with ``upload = "mixture"`` the core was replaced by the mixture)."""
         return Message({"params": cstate["core"]}, {"num_samples": ctx.data.num_train})
