@@ -50,3 +50,26 @@ def test_pfedla_hypernetwork_gradient_is_the_chain_rule_and_descends():
         assert torch.allclose(grads[k], torch.zeros_like(v) if w is None else w, atol=1e-5), k
     literal = vjp(net, build, proxy_cotangent(bar, trained, "literal"))
     assert all(torch.allclose(literal[k], -grads[k]) for k in grads)
+
+
+
+def test_pfedla_eval_scores_the_stored_trained_model_or_the_aggregate(tiny_fed):
+    """``eval = "trained"`` (default, FL-bench): the evaluation message is the client's stored theta_i (its last
+    upload); ``"received"``: the aggregate theta-bar_i the training message carries. Training is the same."""
+    from tests.helpers import eval_message, same_state, tiny_sim, train_message
+
+    sims = {}
+    for ev in ("trained", "received"):
+        sim = tiny_sim(tiny_fed, "pfedla", rounds=3, seed=0, options={"eval": ev})
+        sim.run_round()
+        sim.run_round()
+        sims[ev] = sim
+        stored = {n: t[1] for n, t in sim.server["thetas"].items()}
+        scored = eval_message(sim, 1).params()
+        assert same_state(scored, stored) is (ev == "trained")
+        assert same_state(scored, train_message(sim, 1).params()) is (ev == "received")
+    trained, received = sims["trained"], sims["received"]
+    assert [m["train_loss"] for m in trained.history] == [m["train_loss"] for m in received.history]
+    assert [m["acc"] for m in trained.history] != [m["acc"] for m in received.history]
+    assert "after its last local training" in trained.method.traits.eval_model
+    assert "builds now" in received.method.traits.eval_model
