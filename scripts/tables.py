@@ -5,6 +5,9 @@ Layout of ``results/`` (each run folder holds only ``config.toml``, ``summary.js
 
     results/<table>/<column>/<row>/seed<S>/     a benchmark run (row = the run's method, e.g. ``ditto``, ``fedavg+ala``)
     results/validation/<method>/fedblend/        fedblend's side of a side-by-side run
+    results/validation/<method>/fedblend-<variant>/  the same with other seeds (seed1, ...), the reference's
+                                                 initial weights (pflib-init), its options and initial weights
+                                                 (as-reference) or its options alone (reference-options)
     results/validation/<method>/reference.json   the reference implementation's per-round accuracy (+ where from)
     results/validation/<method>/verdict.md       the verdict in words (one paragraph)
     results/probes/<table>/<column>/<name>/seed<S>/  a probe run a doc cites (no generated table)
@@ -265,6 +268,10 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
         # the reference's behaviour as well, where run
         same_init, as_ref = (_variant(folder / sub / "metrics.jsonl", key, theirs, common)
                              for sub in ("fedblend-pflib-init", "fedblend-as-reference"))
+        if as_ref is None:  # the reference's options from fedblend's own initial weights
+            as_ref = _variant(folder / "fedblend-reference-options" / "metrics.jsonl", key, theirs, common)
+            if as_ref is not None:
+                as_ref["own_init"] = True
         verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
         rows.append({"method": folder.name + ("" if key == "acc" else f" (`{key}`)"), "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
@@ -297,14 +304,14 @@ def _curve(metrics: Path, key: str) -> dict[int, float]:
 def render_validation(repo: Path = REPO) -> str:
     lines = ["| method | reference (repository, commit) | rounds | max per-round difference (points) | "
              "last round: ours / reference % | other seeds (ours) % | from the reference's initial weights: max "
-             "difference; last round ours % | with the reference's options and initial weights: max difference; "
+             "difference; last round ours % | with the reference's options (and initial weights unless marked): max difference; "
              "mean difference; last round ours % | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in validation_rows(repo):
         seeds = " / ".join(f"{v:.2f}" for v in r["other_seeds"]) or "-"
         si, ar = r["same_init"], r["as_reference"]
         same = "-" if si is None else f"{si['max_diff']:+.2f} (round {si['max_round']}); {si['ours']:.2f}"
         asref = "-" if ar is None else (f"{ar['max_diff']:+.2f} (round {ar['max_round']}); {ar['mean_diff']:+.2f}; "
-                                        f"{ar['ours']:.2f}")
+                                        f"{ar['ours']:.2f}" + (" (own initial weights)" if ar.get("own_init") else ""))
         lines.append(f"| {r['method']} | {r['repository']} @ {r['commit']} | {r['rounds']} | {r['max_diff']:+.2f} "
                      f"(round {r['max_round']}) | {r['ours']:.2f} / {r['theirs']:.2f} ({r['ours'] - r['theirs']:+.2f}) "
                      f"| {seeds} | {same} | {asref} | {r['verdict']} |")

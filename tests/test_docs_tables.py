@@ -97,7 +97,13 @@ def test_validation_row_compares_round_by_round(tmp_path, tables):
     same = [{"round": r, "acc": a} for r, a in [(1, 0.53), (2, 0.64), (3, 0.81)]]
     (folder / "fedblend-pflib-init" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in same))
     assert "| 80.00 / 80.50 (-0.50) | - | -2.00 (round 2); 81.00 | - | agrees |" in tables.render_validation(tmp_path)
-    # and with the options that reproduce the reference's behaviour: the mean difference as well
+    # the reference's options from fedblend's own initial weights: the same column, marked so
+    (folder / "fedblend-reference-options").mkdir()
+    own = [{"round": r, "acc": a} for r, a in [(1, 0.49), (2, 0.66), (3, 0.79)]]
+    (folder / "fedblend-reference-options" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    assert ("| -2.00 (round 2); 81.00 | -3.00 (round 1); -1.50; 79.00 (own initial weights) | agrees |"
+            in tables.render_validation(tmp_path))
+    # and with the options that reproduce the reference's behaviour and its initial weights: that run is shown
     (folder / "fedblend-as-reference").mkdir()
     asref = [{"round": r, "acc": a} for r, a in [(1, 0.52), (2, 0.67), (3, 0.80)]]
     (folder / "fedblend-as-reference" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in asref))
