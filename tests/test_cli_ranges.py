@@ -5,12 +5,12 @@ runs would collide. Each refusal is one ``fedblend: error:`` line and exit 2, be
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pytest
 
 from fedblend.cli.main import main, parser
+from fedblend.common.cores import usable_cores
 from fedblend.common.errors import ConfigError
 from fedblend.config import load_config
 
@@ -74,7 +74,7 @@ def test_a_bad_value_of_any_flag_is_one_line_and_exit_2(tmp_path, capsys, monkey
 def test_workers_are_capped_at_the_clients_and_the_cores(tmp_path, capsys):
     from fedblend.experiment import build_data, create_simulation
 
-    cap = min(4, os.cpu_count() or 1)
+    cap = min(4, usable_cores())
     assert main(["run", *TINY, "--backend", "processes", "--workers", "100", "--out", str(tmp_path / "r"),
                  "--quiet", "--threads", "1"]) == 0
     err = capsys.readouterr().err
@@ -192,9 +192,20 @@ def test_a_sweep_with_colliding_runs_is_refused(tmp_path, capsys, tiny_config, a
 
 
 def test_sweep_jobs_are_capped_at_the_cores(tmp_path, capsys, tiny_config):
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     assert main(["sweep", str(tiny_config), "--seeds", *map(str, range(cores + 1)), "--jobs", "1024", "--out",
                  str(tmp_path / "sw"), "--no-plots"]) == 0
     captured = capsys.readouterr()
     assert f"fedblend: warning: --jobs = 1024 capped to {cores}" in captured.err
     assert f"{cores + 1} to run, {cores} at a time" in captured.out
+
+
+def test_usable_cores_follow_the_affinity_not_the_machine(monkeypatch):
+    """A container or taskset may allow fewer cores than the machine has: caps use the allowed ones."""
+    import fedblend.common.cores as cores
+
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 64)
+    assert cores.usable_cores() == 1
+    monkeypatch.delattr(cores.os, "sched_getaffinity")
+    assert cores.usable_cores() == 64

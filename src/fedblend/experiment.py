@@ -37,7 +37,6 @@ import csv
 import io
 import logging
 import math
-import os
 import platform
 import shutil
 import subprocess
@@ -364,10 +363,13 @@ def check_backend(cfg: RunConfig, backend: Any = None) -> None:
 def worker_count(cfg: RunConfig, num_clients: int) -> int:
     """``cfg.workers`` capped at the number of clients and of CPU cores (a warning says so): more worker
     processes would hold no client, or only compete for the cores, each with its own copy of the model."""
-    cap = max(1, min(num_clients, os.cpu_count() or 1))
+    from fedblend.common.cores import usable_cores
+
+    cores = usable_cores()
+    cap = max(1, min(num_clients, cores))
     if cfg.backend == "processes" and cfg.workers > cap:
-        warnings.warn(f"workers = {cfg.workers} capped to {cap} (the run has {num_clients} clients and this machine "
-                      f"{os.cpu_count()} CPU cores)", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"workers = {cfg.workers} capped to {cap} (the run has {num_clients} clients and this process "
+                      f"{cores} usable CPU cores)", RuntimeWarning, stacklevel=3)
     return min(cfg.workers, cap)
 
 

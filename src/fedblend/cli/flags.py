@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 
 from fedblend.common.options import Range
@@ -64,11 +63,13 @@ def float_in(rng: str) -> Callable[[str], float]:
 
 
 def cap_at_cores(value: int, what: str) -> int:
-    """``value`` capped at this machine's CPU cores, with a warning when it was larger."""
+    """``value`` capped at the CPU cores this process may use, with a warning when it was larger."""
     import warnings
 
-    cores = os.cpu_count() or 1
+    from fedblend.common.cores import usable_cores
+
+    cores = usable_cores()
     if value > cores:
-        warnings.warn(f"{what} = {value} capped to {cores} (the CPU cores of this machine)", RuntimeWarning,
+        warnings.warn(f"{what} = {value} capped to {cores} (the CPU cores this process may use)", RuntimeWarning,
                       stacklevel=2)
     return min(value, cores)
