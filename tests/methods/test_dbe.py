@@ -109,3 +109,25 @@ def test_dbe_init_pass_is_discarded_and_gives_the_sample_weighted_mean(tiny_fed)
     expect = sum(m.double() * n for m, n in zip(means, sizes)) / sum(sizes)
     assert torch.allclose(out["global_mean"].double(), expect, atol=1e-6)
     assert all(torch.equal(out["global"][k], sim.server["global"][k]) for k in sim.server["global"])
+
+
+def test_dbe_eval_trained_scores_each_clients_trained_model_with_its_bias(tiny_fed):
+    """``eval = "trained"``: each client's score is its model after its last local training with its bias folded
+    in (h(f(x) + zbar_i^p)); the default scores the received global model with the bias. Training is the same."""
+    from torch.func import functional_call
+
+    sims = {}
+    for ev in ("received", "trained"):
+        sims[ev] = tiny_sim(tiny_fed, "dbe", rounds=3, seed=2, options={"eval": ev})
+        sims[ev].run()
+    trained, received = sims["trained"], sims["received"]
+    assert [m["train_loss"] for m in trained.history] == [m["train_loss"] for m in received.history]
+    assert [m["acc"] for m in trained.history] != [m["acc"] for m in received.history]
+    last = trained.history[-1]["per_client"]
+    for cid, correct in zip(last["clients"], last["correct"]):
+        state, data = trained.store.get(cid), tiny_fed.clients[cid]
+        model = fold_bias(trained.model, state["params"], state["prbm"])
+        with torch.no_grad():
+            pred = functional_call(trained.model, model, (data.test_x,)).argmax(1)
+        assert int((pred == data.test_y).sum()) == correct, cid
+    assert "after its last local training" in trained.method.traits.eval_model

@@ -58,7 +58,8 @@ PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters 
 class DBEOptions:
     """Defaults: the paper; ``kappa`` from the authors' FMNIST script (``-klw 50``)."""
 
-    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every"), "init_pass": ("round1", "before")}
+    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every"), "init_pass": ("round1", "before"),
+                               "eval": ("received", "trained")}
     RANGES: ClassVar[dict] = {"kappa": ">= 0"}
 
     kappa: float = opt(50.0, "weight of the mean regularisation (MR)")
@@ -67,6 +68,9 @@ class DBEOptions:
     init_pass: str = opt("round1", '"round1": round 1 is the initialisation period (plain FedAvg training gives '
                          'zbar^g); "before": round 1 opens with a discarded plain training pass of its clients '
                          'that only yields zbar^g (the authors\' code / PFLlib), so every round trains with DBE')
+    eval: str = opt("received", '"received": the received global model with the client\'s bias, before local '
+                    'training (paper, authors\' code, PFLlib); "trained": the client\'s model after its last local '
+                    'training with its bias (its current local model, as FedAPA\'s evaluation loop scores clients)')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -108,6 +112,21 @@ class DBE(Method):
                   "its features")
     evaluates_received_model = True  # the received global model (the bias is added in eval_params, after any transform)
     client_keeps_model = False
+
+    def resolve_traits(self, **declared):
+        """``eval = "trained"``: the client keeps its trained model and that model (with its bias) is evaluated."""
+        if self.opts.eval != "trained":
+            return super().resolve_traits(**declared)
+        return super().resolve_traits(**{"keeps_model": True, "evaluates_received_model": False,
+                                         "eval_model": "the client's model after its last local training with its "
+                                                       "representation bias zbar_i^p (PRBM) added to its features",
+                                         **declared})
+
+    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """``eval = "trained"``: the last trained model (the received one until the client first trains)."""
+        if self.opts.eval == "trained" and cstate.get("trained"):
+            return cstate["params"]
+        return self.client_init(msg, cstate, ctx)
 
     # ------------------------------------------------------------------------------------------ server
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
@@ -184,6 +203,8 @@ class DBE(Method):
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
         cstate = self.record_training(res, cstate, ctx)
+        if self.opts.eval == "trained":
+            cstate = {**cstate, "trained": True}
         trained = {k: v for k, v in res.params.items() if k != PRBM}
         return TrainResult(trained, res.momentum, res.mean_loss, res.steps, res.samples), cstate
 
