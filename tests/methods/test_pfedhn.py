@@ -7,7 +7,7 @@ import torch
 
 from fedblend.algorithms.pfedhn import PFedHNOptions, generate, hypernet_grads, init_hypernet
 from fedblend.core.optim import sgd_init, sgd_step
-from tests.helpers import run_client, tiny_sim, train_message
+from tests.helpers import run_client, same_state, tiny_sim, train_message, without_timings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,3 +52,24 @@ def test_pfedhn_pc_keeps_the_head_on_the_client(tiny_fed):
     assert not head & set(reply.params())
     full = tiny_sim(tiny_fed, "pfedhn", rounds=1)
     assert set(train_message(full, 0).params()) == set(full.run_info.init_params)
+
+
+def test_pfedhn_eval_trained_scores_the_last_trained_model(tiny_fed):
+    """eval = "trained": the client's model after its last local training is scored; training is unchanged."""
+    rec = tiny_sim(tiny_fed, "pfedhn", rounds=2, seed=3)
+    tr = tiny_sim(tiny_fed, "pfedhn", {"eval": "trained"}, rounds=2, seed=3)
+    assert tr.method.traits.keeps_model and not tr.method.traits.evaluates_received_model
+    ha, hb = without_timings(rec.run()), without_timings(tr.run())
+    assert [m["train_loss"] for m in ha] == [m["train_loss"] for m in hb]
+    assert same_state(rec.server, tr.server)  # the hypernetwork moved the same
+    assert [m["acc"] for m in ha] != [m["acc"] for m in hb]  # a different model is scored
+
+
+def test_pfedhn_embed_decay_decays_every_embedding_row():
+    """Authors' code / FL-bench: weight decay on the embeddings too (rows of clients not trained shrink)."""
+    targets = _targets()
+    net = init_hypernet(targets, 5, PFedHNOptions(hidden=7, n_hidden=1), torch.Generator().manual_seed(1))
+    zero = {k: torch.zeros_like(v) for k, v in net.items()}
+    on, _ = sgd_step(net, zero, sgd_init(net), 0.1, 0.9, 0.5, decay={"embed": True})
+    off, _ = sgd_step(net, zero, sgd_init(net), 0.1, 0.9, 0.5, decay={"embed": False})
+    assert torch.allclose(on["embed"], net["embed"] * (1 - 0.05)) and torch.equal(off["embed"], net["embed"])

@@ -11,7 +11,9 @@ linear head per parameter tensor of the target model (Sec. 3, App. "Hypernetwork
 * lines 9-10: ``phi <- phi - beta (grad_phi theta_i)^T Delta theta_i`` and
   ``v_i <- v_i - beta (grad_{v_i} theta_i)^T Delta theta_i`` -- a vector-Jacobian product
   (:func:`fedblend.algorithms.parts.hypernet.vjp`); the optimiser is the authors' SGD (momentum 0.9, weight decay
-  1e-3 on everything but the embeddings, gradient-norm clip 50), kept as data in the server state.
+  1e-3 on every parameter, the embeddings included: one ``weight_decay`` for both parameter groups, as the
+  authors' code and FL-bench; ``embed_decay = false`` leaves the embeddings undecayed), gradient-norm clip 50, kept
+  as data in the server state.
 
 Clients are processed one after another within a round (``sequential = true``, Alg. 1 samples one client per
 step, as the authors' code); ``sequential = false`` generates every model of a round from the same
@@ -20,8 +22,10 @@ hypernetwork and applies the mean of the clients' gradients once.
 pFedHN-PC (``personal_head = true``, Sec. 3.2): the hypernetwork generates the feature extractor only; each
 client keeps and trains its own classifier (the head), which never travels.
 
-There is no global model. The personalized model evaluated is the one the hypernetwork generates for the client
-now (+ its own head for pFedHN-PC), as the authors' evaluation.
+There is no global model. The personalized model evaluated (``eval``) is by default the one the hypernetwork
+generates for the client now (+ its own head for pFedHN-PC), as the authors' code and FL-bench evaluate it;
+``eval = "trained"`` scores the client's model after its last local training instead (what the FedAPA authors'
+framework scores for every method: each client's current local model).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from fedblend.core.training import TrainSpec
 class PFedHNOptions:
     """Defaults: the authors' code (embedding dim ``1 + N/4``, 3 hidden layers of 100, SGD 1e-2)."""
 
+    CHOICES: ClassVar[dict] = {"eval": ("received", "trained")}
     RANGES: ClassVar[dict] = {"embed_dim": "[0, 4096]", "hidden": "[1, 1024]", "n_hidden": "[0, 64]", "hn_lr": "> 0",
                               "embed_lr": ">= 0", "hn_momentum": "[0, 1)", "hn_weight_decay": ">= 0",
                               "grad_clip": ">= 0", "inner_steps": "[0, 1000000]"}
@@ -57,11 +62,16 @@ class PFedHNOptions:
     hn_lr: float = opt(1e-2, "beta of Alg. 1")
     embed_lr: float = opt(0.0, "0: hn_lr")
     hn_momentum: float = opt(0.9, "SGD momentum of the hypernetwork optimiser (authors' code: 0.9)")
-    hn_weight_decay: float = opt(1e-3, "not on the embeddings")
+    hn_weight_decay: float = opt(1e-3, "SGD weight decay of the hypernetwork optimiser (authors' code: 1e-3)")
+    embed_decay: bool = opt(True, "hn_weight_decay on the embeddings too (authors' code, FL-bench: one weight_decay "
+                                  "for both parameter groups)")
     grad_clip: float = opt(50.0, "0: off")
     inner_steps: int = opt(0, "0: the run's [train] epochs; K > 0: K SGD steps (paper: 50)")
     personal_head: bool = opt(False, "pFedHN-PC")
     sequential: bool = opt(True, "one client after another (Alg. 1); False: one mean step per round")
+    eval: str = opt("received", 'evaluated model: "received" = what the hypernetwork generates now (authors\' code, '
+                                'FL-bench); "trained" = the client\'s model after its last local training (the '
+                                "FedAPA framework's scoring)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -104,8 +114,12 @@ class PFedHN(Method):
 
     def resolve_traits(self, **declared):
         """pFedHN-PC keeps the client's own head; ``sequential`` runs the clients of a round one after another."""
-        return super().resolve_traits(keeps_model=self.opts.personal_head or self.client_keeps_model,
-                                      sequential_server=self.opts.sequential, **declared)
+        if self.opts.eval == "trained":
+            declared = {"eval_model": "each client's model after its last local training (the initial model for a "
+                                      "client never selected)", "evaluates_received_model": False,
+                        "evaluates_own_model": True, **declared}
+        keep = self.opts.personal_head or self.opts.eval == "trained" or self.client_keeps_model
+        return super().resolve_traits(keeps_model=keep, sequential_server=self.opts.sequential, **declared)
 
     def shared_names(self, run: RunInfo) -> list[str]:
         return run.model.body_names() if self.opts.personal_head else list(run.init_params)
@@ -135,7 +149,7 @@ class PFedHN(Method):
             grads = clip_grad_norm(grads, self.opts.grad_clip)
         lrs = {"embed": self.opts.embed_lr or self.opts.hn_lr}
         net, opt = sgd_step(net, grads, server["opt"], self.opts.hn_lr, self.opts.hn_momentum,
-                            self.opts.hn_weight_decay, lrs=lrs, decay={"embed": False})
+                            self.opts.hn_weight_decay, lrs=lrs, decay={"embed": self.opts.embed_decay})
         sctx.stats["pfedhn_grad_norm"] = float(math.sqrt(sum(float((g ** 2).sum()) for g in grads.values())))
         return {**server, "hn": net, "opt": opt}
 
