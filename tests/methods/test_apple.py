@@ -25,19 +25,30 @@ def test_apple_mixture_prior_and_schedule_by_hand():
     assert prior_weight(10, 10, "cos") == 0.0 and prior_weight(4, 10, "linear") == pytest.approx(0.6)
 
 
-def test_apple_step_gradients_by_hand(tiny_fed):
-    """Eq. 3-5: dL/dc_i = p_ii dCE/dw, dL/dp_j = <dCE/dw, c_j> + lambda mu (p_j - p0_j)."""
+def _three_cores(tiny_fed, seed: int, own_row: int, client: int):
+    """The model, three perturbed copies of the initial model stacked as cores, the own core (row ``own_row``) and a
+    batch of 8 of ``client``'s training samples."""
     sim = tiny_sim(tiny_fed, "apple", rounds=1)
-    model, init = sim.model, sim.run_info.init_params
-    g = torch.Generator().manual_seed(0)
-    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(3)]) for k, v in init.items()}
-    own = {k: v[1].clone() for k, v in cores.items()}
-    dr, prior = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.3, 0.3, 0.4])
-    x, y = tiny_fed.clients[0].train_x[:8], tiny_fed.clients[0].train_y[:8]
-    new_own, new_dr, loss = apple_step(model, own, 1, cores, dr, prior, x, y, core_lr=0.5, dr_lr=0.1, lam_mu=0.2)
+    g = torch.Generator().manual_seed(seed)
+    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(3)])
+             for k, v in sim.run_info.init_params.items()}
+    data = tiny_fed.clients[client]
+    return sim.model, cores, {k: v[own_row].clone() for k, v in cores.items()}, data.train_x[:8], data.train_y[:8]
+
+
+def _mixture_grads(model, cores, dr, x, y):
+    """dCE/dw of the mixture ``w = sum_j p_j c_j`` (per tensor) and its loss, by plain autograd."""
     w = {k: (dr.view(-1, *([1] * (v.dim() - 1))) * v).sum(0).requires_grad_(True) for k, v in cores.items()}
     ce = F.cross_entropy(functional_call(model, w, (x,)), y)
-    gw = dict(zip(w, torch.autograd.grad(ce, list(w.values()))))
+    return dict(zip(w, torch.autograd.grad(ce, list(w.values())))), ce
+
+
+def test_apple_step_gradients_by_hand(tiny_fed):
+    """Eq. 3-5: dL/dc_i = p_ii dCE/dw, dL/dp_j = <dCE/dw, c_j> + lambda mu (p_j - p0_j)."""
+    model, cores, own, x, y = _three_cores(tiny_fed, seed=0, own_row=1, client=0)
+    dr, prior = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.3, 0.3, 0.4])
+    new_own, new_dr, loss = apple_step(model, own, 1, cores, dr, prior, x, y, core_lr=0.5, dr_lr=0.1, lam_mu=0.2)
+    gw, ce = _mixture_grads(model, cores, dr, x, y)
     assert loss == pytest.approx(float(ce.detach()), rel=1e-5)
     for k in own:
         assert torch.allclose(new_own[k], own[k] - 0.5 * dr[1] * gw[k], atol=1e-5), k
@@ -94,17 +105,11 @@ def test_apple_all_cores_down_own_core_up(tiny_fed):
 def test_apple_mean_dr_gradient_is_pflibs_mean_of_element_wise_means(tiny_fed):
     """``dr_grad = "mean"``: dL/dp_j = (1/T) sum_k mean(dCE/dw_k * c_j,k) over the T parameter tensors (PFLlib's
     clientapple.py), not Eq. 5's inner product; the core step is unchanged."""
-    sim = tiny_sim(tiny_fed, "apple", rounds=1)
-    model, init = sim.model, sim.run_info.init_params
-    g = torch.Generator().manual_seed(2)
-    cores = {k: torch.stack([v + 0.1 * torch.randn(v.shape, generator=g) for _ in range(3)]) for k, v in init.items()}
-    own = {k: v[0].clone() for k, v in cores.items()}
+    model, cores, own, x, y = _three_cores(tiny_fed, seed=2, own_row=0, client=1)
     dr, prior = torch.tensor([0.4, 0.5, 0.1]), torch.tensor([0.3, 0.3, 0.4])
-    x, y = tiny_fed.clients[1].train_x[:8], tiny_fed.clients[1].train_y[:8]
     exact_own, exact_dr, _ = apple_step(model, own, 0, cores, dr, prior, x, y, 0.5, 0.1, 0.2)
     new_own, new_dr, _ = apple_step(model, own, 0, cores, dr, prior, x, y, 0.5, 0.1, 0.2, dr_grad="mean")
-    w = {k: (dr.view(-1, *([1] * (v.dim() - 1))) * v).sum(0).requires_grad_(True) for k, v in cores.items()}
-    gw = dict(zip(w, torch.autograd.grad(F.cross_entropy(functional_call(model, w, (x,)), y), list(w.values()))))
+    gw, _ = _mixture_grads(model, cores, dr, x, y)
     gp = torch.tensor([sum(float((gw[k] * cores[k][j]).mean()) for k in gw) / len(gw) for j in range(3)])
     assert torch.allclose(new_dr, dr - 0.1 * (gp + 0.2 * (dr - prior)), atol=1e-6)
     assert not torch.allclose(new_dr, exact_dr, atol=1e-4)  # the two gradients really differ
