@@ -85,3 +85,21 @@ def test_fedproto_only_prototypes_travel(tiny_fed):
     fedavg = tiny_sim(tiny_fed, "fedavg", rounds=1, seed=0)
     fedavg.run_round()
     assert max(h["bytes_up"]) < min(fedavg.history[0]["bytes_up"]) / 10
+
+
+def test_fedproto_a_class_nobody_uploaded_keeps_its_prototype_unless_dropped(tiny_fed):
+    """absent = "keep" (default): a class no client of the round uploaded keeps its last global prototype, so the
+    clients holding it can still be scored; "drop" (authors' code, PFLlib) loses it. Uploaded classes are the
+    round's average either way."""
+    from fedblend.algorithms.parts.prototypes import COUNTS, PROTOS
+    from fedblend.core.method import Message
+
+    old = {"0": torch.tensor([1.0, 1.0]), "1": torch.tensor([7.0, 7.0])}
+    reply = Message({PROTOS: {"0": torch.tensor([3.0, 5.0])}}, {COUNTS: [4, 0]})
+    for absent, want in (("keep", {"0", "1"}), ("drop", {"0"})):
+        sim = tiny_sim(tiny_fed, "fedproto", rounds=1, options={"absent": absent})
+        new = sim.method.aggregate_train({"protos": old}, {2: reply}, sim.sctx(0))["protos"]
+        assert set(new) == want
+        assert torch.allclose(new["0"].float(), torch.tensor([3.0, 5.0]))
+        if absent == "keep":
+            assert torch.equal(new["1"], old["1"])

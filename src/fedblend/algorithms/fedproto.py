@@ -25,8 +25,9 @@ class -- instead of model parameters; every client keeps its whole model.
 
 Only prototypes travel: up, one ``d``-vector per class the client holds (``arrays["protos"]``, class counts as
 a list of numbers); down, one per class with a global prototype. No parameter is ever sent, so the method has no global
-model. The global prototypes are those of the round's uploads (``absent = "drop"``, the authors' code and
-PFLlib); ``absent = "keep"`` keeps the previous prototype of a class no client of the round uploaded.
+model. The global prototypes are those of the round's uploads, and a class no client of the round uploaded keeps
+its previous prototype (``absent = "keep"``, default; the paper is silent); ``absent = "drop"`` drops it, as the
+authors' code and PFLlib do (the same results whenever every class is uploaded, e.g. full participation).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class FedProtoOptions:
     weighting: str = opt("samples", "Eq. 6: weights |D_ij| / N_j (\"samples\") or the code's plain mean (\"uniform\")")
     distance: str = opt("mse", "L_R: \"mse\" (authors' code nn.MSELoss) or \"sq_l2\" (squared L2 per sample)")
     eval: str = opt("proto", "\"proto\": nearest global prototype (PFLlib); \"head\": the client's own head")
-    absent: str = opt("drop", 'a class no client uploaded this round: "drop" its global prototype (code) or "keep" it')
+    absent: str = opt("keep", 'a class no client uploaded this round: "keep" its last global prototype, or "drop" it '
+                      "(authors' code, PFLlib: the clients holding it are then left without a prototype of their "
+                      "own classes, scored 0 % that round)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
