@@ -119,15 +119,17 @@ def mean_std_cell(values: list[float], scale: float = 100.0) -> str:
     return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}" if len(a) > 1 else f"{a.mean():.2f}"
 
 
-def aggregate(runs: list[Path]) -> list[dict[str, Any]]:
-    """One row per (label, config hash) over the finished runs (mean ± std over seeds)."""
+def aggregate(runs: list[Path], key=group_key) -> list[dict[str, Any]]:
+    """One row per (label, config hash) over the finished runs (mean ± std over seeds); ``key`` maps a summary
+    (with its run directory in ``"_dir"``) to its group, :func:`group_key` by default (a caller that has grouped
+    the runs itself, e.g. by results folder, passes its own)."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in runs:
         s = read_summary(r)
         if not s or s.get("status", "finished") != "finished":
             continue
         s["_dir"] = str(r)
-        groups[group_key(s)].append(s)
+        groups[key(s)].append(s)
     rows = []
     for (label, h), ss in sorted(groups.items()):
         seeds = sorted(s["seed"] for s in ss)
@@ -335,19 +337,19 @@ def ci_halfwidth(vals: np.ndarray, level: float = 0.95) -> np.ndarray:
 BANDS = {"std": "band: ± sample std over seeds (ddof = 1)", "ci": "band: 95% t-interval of the mean over seeds"}
 
 
-def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std") -> None:
+def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std", setting: str | None = None) -> None:
     """Write :func:`curves_figure` to ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = curves_figure(rows, key, band)
+    fig = curves_figure(rows, key, band, setting)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def curves_figure(rows: list[dict], key: str = "acc", band: str = "std"):
+def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting: str | None = None):
     """Accuracy (left) and test loss (right) per round, mean over seeds with a band (``"std"``: ± the table's
     sample std; ``"ci"``: the 95% t-interval of the mean), one line per row, the legend by method, the title
-    stating the setting and the number of seeds."""
+    stating the setting (``setting``, else the one every row's config shares) and the number of seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -380,7 +382,7 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std"):
     ax.legend(fontsize=8)
     n_text = f"{seeds[0]} seed{'s' if seeds[0] != 1 else ''}" if len(seeds) == 1 else \
         f"{min(seeds)}-{max(seeds)} seeds (n per method in the legend)"
-    setting = common_setting([r["_config"] for r in rows])
+    setting = setting or common_setting([r["_config"] for r in rows])
     warn = f" (only {min(seeds)} seeds: the interval is very wide)" if band == "ci" and min(seeds) == 2 else ""
     fig.suptitle((f"{setting}: " if setting else "") + f"mean over {n_text}; "
                  + (BANDS[band] + warn if max(seeds) > 1 else "one seed, no band"), fontsize=10)

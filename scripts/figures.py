@@ -1,0 +1,83 @@
+"""Results are data, figures are generated: draw the benchmark figures of the docs from the runs under ``results/``.
+
+Each figure names its image, the results folders it averages (one curve per folder: every ``seed*`` run in it,
+mean ± sample std over seeds, the seed count in the legend) and the metric. The curves and the title come from
+``fedblend report``'s plotting (:func:`fedblend.cli.report.curves_figure`), so a figure in the docs looks like
+one a user's ``fedblend report`` draws; the only difference is the grouping, by folder here (a folder's seeds
+were run from configs that differ in their ``name`` alone, which ``report`` would keep apart).
+
+    python scripts/figures.py            # redraw every figure from results/
+    python scripts/figures.py --list     # what each figure averages, and how many seeds each folder has now
+
+Run it after ``python scripts/tables.py`` whenever the campaign adds seeds to a folder a figure reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedblend.cli.report import aggregate, find_runs, plot_curves
+
+REPO = Path(__file__).resolve().parents[1]
+T1_SETTING = "FMNIST, 20 clients (0.6-1 join), LeNet-5, 50 rounds (T1: FedAPA Table 1)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    image: str  # relative to the repository
+    curves: tuple[tuple[str, str], ...]  # (results folder, legend)
+    key: str = "acc"  # the metric: "acc" (personalized) or "global_acc" (the global model)
+    setting: str | None = None  # the title's setting, when the curves' settings differ
+
+
+FIGURES = (
+    Figure("docs/img/t1-dir-sweep-accuracy.png",
+           (("results/t1/dir/fedapa", "FedAPA"), ("results/t1/dir/fedala", "FedALA"))),
+    Figure("docs/img/t1-fedavg-global.png",
+           (("results/t1/pat/fedavg-ft", "FedAvg, pathological"), ("results/t1/dir/fedavg-ft", "FedAvg, Dir(0.1)")),
+           key="global_acc", setting=T1_SETTING),
+    Figure("docs/img/t1-fedavg-ft-local.png",
+           (("results/t1/pat/fedavg-ft", "FedAvg-FT, pathological"), ("results/t1/pat/local", "Local, pathological"),
+            ("results/t1/dir/fedavg-ft", "FedAvg-FT, Dir(0.1)"), ("results/t1/dir/local", "Local, Dir(0.1)")),
+           setting=T1_SETTING),
+)
+
+
+def rows_of(fig: Figure, repo: Path = REPO) -> list[dict]:
+    """One report row per curve: every finished run of the folder, whatever its config's name."""
+    rows = []
+    for folder, legend in fig.curves:
+        got = aggregate(find_runs([repo / folder]), key=lambda s, legend=legend: (legend, "-"))
+        if not got:
+            raise SystemExit(f"figures: {folder} holds no finished run (needed by {fig.image})")
+        (row,) = got
+        row["legend"] = legend
+        rows.append(row)
+    return rows
+
+
+def draw(fig: Figure, repo: Path = REPO) -> Path:
+    out = repo / fig.image
+    plot_curves(rows_of(fig, repo), out, key=fig.key, setting=fig.setting)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--list", action="store_true", help="list the figures and their folders' seeds; draw nothing")
+    args = ap.parse_args(argv)
+    for fig in FIGURES:
+        if args.list:
+            print(fig.image)
+            for row in rows_of(fig):
+                print(f"  {row['legend']}: seeds {row['seeds']}")
+        else:
+            print(draw(fig).relative_to(REPO))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
