@@ -39,3 +39,17 @@ def history(out) -> list[dict]:
 #: not found by this timeout: the SuperLink marks it offline once its heartbeats stop (Flower's 30 s interval x 2)
 #: and answers the pending message with a NODE_UNAVAILABLE error reply, which the backend reports as a fault.
 NODE_TIMEOUT = 300
+
+
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts are not a package), registered in ``sys.modules`` so that its
+    dataclasses can look their module up."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

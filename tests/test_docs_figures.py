@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from fedblend.cli.report import aggregate, find_runs
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def figures():
-    spec = importlib.util.spec_from_file_location("figures", REPO / "scripts" / "figures.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["figures"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("figures")
 
 
 def test_every_figure_reads_committed_runs_and_a_doc_shows_it(figures):

@@ -3,23 +3,19 @@ a number in a generated block that results/ does not give fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tables():
-    spec = importlib.util.spec_from_file_location("tables", REPO / "scripts" / "tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["tables"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tables")
 
 
 def _run(root: Path, rel: str, seed: int, **summary) -> Path:
