@@ -98,7 +98,7 @@ OPTION_CASES = [
     (['method="fedavg+ala"', "ala.p=0"], "ala.p must be [1, 1000], got 0"),
     (['method="fedavg+ala"', "ala.eta=-1"], "ala.eta must be >= 0, got -1.0"),
     (['method="fedavg+ala"', "ala.sample=all"], "ala.sample must be one of ['random', 'window'], got 'all'"),
-    (['method="local+ala"'], "local has no global model for ala to blend from"),
+    (['method="local+ala"'], "local has no global model and declares no personalized model its clients train from"),
     (["options.mu=0.1"], "unknown field options.mu; allowed: (none)"),
     (["ala.eta=1"], "a table for transform 'ala' needs it in method"),
     (["method=fedfoo"], "method: unknown method 'fedfoo'"),

@@ -21,7 +21,7 @@ from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.core.vmap import VmapBackend
 from tests.helpers import without_timings
-from tests.test_shared_suite import SPECS
+from tests.test_shared_suite import SPECS, SUITE_OPTIONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,8 +33,9 @@ def test_no_method_retypes_the_client_template(name):
 
 
 def ba_sim(fed, spec: str, rounds: int = 2, backend=None) -> Simulation:
-    return Simulation.create(build_method(spec), fed, "mlp", TrainConfig(lr=0.05, batch_size=16), rounds, 1,
-                             SamplingConfig(join_ratio=0.75), EvalProtocol(before_after=True), backend=backend)
+    return Simulation.create(build_method(spec, SUITE_OPTIONS.get(spec)), fed, "mlp",
+                             TrainConfig(lr=0.05, batch_size=16), rounds, 1, SamplingConfig(join_ratio=0.75),
+                             EvalProtocol(before_after=True), backend=backend)
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -258,6 +258,24 @@ def test_fedala_is_fedavg_plus_ala_and_composes(tiny_fed):
     assert not all(torch.equal(c.server["global"][n], b.server["global"][n]) for n in b.server["global"])
 
 
+def test_ala_hosts_are_the_methods_with_a_global_model_and_fedamp():
+    """ALA blends the model a client receives (FedALA Eq. 4's theta) with its own: every method with a global model
+    that accepts transforms hosts it, as before, and of those without one only FedAMP (its personalized u_i; FedALA
+    Table 4), which declares ``trains_from_received``; undeclared, the trait is ``has_global``."""
+    from fedblend.algorithms import METHODS
+    from fedblend.core.method import Method
+    from tests.test_shared_suite import hosts
+
+    with_global = {m for m, c in METHODS.items() if c.has_global and c.accepts_transforms and m != "fedala"}
+    assert set(hosts("ala")) == with_global | {"fedamp"}
+    assert Method().traits.trains_from_received
+
+    class NoGlobal(Method):
+        has_global = False
+
+    assert not NoGlobal().traits.trains_from_received
+
+
 def test_eval_modes_do_not_disturb_training(tiny_fed):
     runs = {}
     for mode in ("ala", "stored", "trained"):

@@ -44,6 +44,14 @@ def ala_stream(spec: str, stream: str) -> dict:
     return {"options": {"eval_stream": stream}} if spec == "fedala" else {"transforms": {"ala": {"eval_stream": stream}}}
 
 
+def spec_options(spec: str) -> dict:
+    """Keyword arguments of ``tiny_sim`` for the ``[options]`` a spec runs the suite with instead of its defaults
+    (``tests.test_shared_suite.SUITE_OPTIONS``: fedamp+ala's, added after the other goldens; none for the others)."""
+    from tests.test_shared_suite import SUITE_OPTIONS
+
+    return {"options": SUITE_OPTIONS[spec]} if spec in SUITE_OPTIONS else {}
+
+
 def history(fed, key: str, stream: str = "eval", **train) -> list[dict]:
     """The history of golden case ``key`` (``"<spec>/<case>"``) without wall-clock fields, as JSON would store it;
     ``train`` overrides training settings of the case (tests of the comparison's tolerance)."""
@@ -51,7 +59,7 @@ def history(fed, key: str, stream: str = "eval", **train) -> list[dict]:
     from tests.helpers import tiny_sim, without_timings
 
     spec, case = key.split("/")
-    sim = tiny_sim(fed, spec, **{**CASES[case], **train}, **ala_stream(spec, stream))
+    sim = tiny_sim(fed, spec, **{**CASES[case], **train}, **ala_stream(spec, stream), **spec_options(spec))
     sim.run()
     return json.loads(json.dumps(without_per_client(without_timings(sim.history))))
 

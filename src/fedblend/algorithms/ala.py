@@ -26,7 +26,10 @@ move and theta_hat equals the received model.
 In the :class:`~fedblend.core.method.Method` template, "local" is ``cstate["params"]`` (the client's model after
 its last local training; ALA declares ``needs_local_model`` so every host method keeps it) and "global" is what
 ``client_init`` made from the received message, so ALA composes with every method that keeps the template
-(``fedavg+ala``, ``fedprox+ala``, ...) and runs entirely on the client. See ``docs/methods/fedala.md``.
+(``fedavg+ala``, ``fedprox+ala``, ...) and runs entirely on the client. The received model need not be a global
+one (``requires_received``): FedALA's Table 4 ("Applicability of ALA") also applies ALA to FedAMP, whose server
+sends each client its personalized cloud model ``u_i`` (``fedamp+ala``: theta = u_i in Eq. 2-4, the host's loss
+terms unchanged). See ``docs/methods/fedala.md``.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class ALA(ClientTransform):
     name = "ala"
     options_cls = ALAOptions
     needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
-    requires_global = True  # theta_global of Eq. 2: a global model to blend from
+    requires_received = True  # theta of Eq. 2: the model the server sends (global, or personalized: FedAMP's u_i)
     own_loop = True  # W is learned by its own loop (Eq. 5), plain code on the client before the TrainSpec
     per_client_stats = ("ala_epochs", "ala_loss", "ala_w_")  # each learning client's record, in the round's metrics
 
@@ -160,14 +163,16 @@ class ALA(ClientTransform):
         return self._run(glob, cstate["params"], st, ctx)[0]
 
     def eval_description(self, method: Method, current: str) -> str:
+        received = ("the aggregated global model" if method.has_global else
+                    "the personalized model the server would send the client now")
         if self.opts.eval == "ala":
             where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
                      "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")
             return ("the ALA-initialised model theta_hat (FedALA Eq. 4, W learned one more epoch, or the initial "
-                    f"stage, on {where}; not kept) from the aggregated global model and the client's model "
+                    f"stage, on {where}; not kept) from {received} and the client's model "
                     "after its last local training, i.e. its start of the next round, before local training")
         if self.opts.eval == "stored":
-            return ("Eq. 4 of FedALA with the client's stored ALA weights, from the aggregated global model and the "
+            return (f"Eq. 4 of FedALA with the client's stored ALA weights, from {received} and the "
                     "client's model after its last local training (no weight learning at evaluation)")
         return ("each client's model after its last local training, which started from the ALA-initialised "
                 "model")

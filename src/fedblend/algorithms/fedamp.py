@@ -27,6 +27,14 @@ Choices where the paper is silent (see ``docs/methods/fedamp.md``):
 
 Defaults ``alphaK = 1000``, ``lambda = 1``, ``sigma = 0.1``: FedALA's tuned values (its appendix), which the
 FedAPA comparison inherits.
+
+``fedamp+ala`` (FedALA, Zhang et al. AAAI 2023, Table 4 and "Applicability of ALA": ALA "only modifies the local
+initialization"): FedAMP has no global model, but its server sends every client a model to train from, ``u_i``
+(``trains_from_received``). With a transform that blends the received model (``requires_received``),
+:meth:`FedAMP.client_init` hands it ``u_i`` whatever ``start`` says, and the client trains from ALA's
+``theta_hat = w_i + (u_i - w_i) * W`` (FedALA Eq. 4, Alg. 1 lines 6-16; ``start = "local"`` is W = 0, ``"cloud"``
+W = 1), while Eq. 8's proximal term stays centred at ``u_i`` (:meth:`FedAMP.loss_terms` reads the message, not
+the start).
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ class FedAMPOptions:
     alpha_k: float = opt(1000.0, "alphaK: step size of the attention gradient step (Eq. 6)")
     lam: float = opt(1.0, "lambda: weight of the proximal pull to u_i (Eq. 8, as lambda / (2 alphaK))")
     sigma: float = opt(0.1, "scale of the attention-inducing function A(x) = 1 - exp(-x / sigma)")
-    start: str = opt("local", "local SGD starts from the client's own model (\"local\") or from u_i (\"cloud\")")
+    start: str = opt("local", "local SGD starts from the client's own model (\"local\") or from u_i (\"cloud\"); with "
+                              "+ala from ALA's blend of both instead (FedALA Table 4)")
 
 
 def attention_weights(flat: torch.Tensor, cid: int, available: torch.Tensor, alpha_k: float,
@@ -91,6 +100,7 @@ class FedAMP(Method):
     eval_model = "each client's own model after its last local training (w_i of Eq. 8)"
     evaluates_own_model = True  # a client evaluates its own model
     has_global = False
+    trains_from_received = True  # u_i, which +ala blends with w_i (FedALA Table 4)
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -121,10 +131,16 @@ class FedAMP(Method):
 
     # ------------------------------------------------------------------------------------------ client
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        return dict(cstate["params"]) if self.opts.start == "local" else {**cstate["params"], **msg.params()}
+        """The start of local training: ``w_i`` (``start = "local"``) or ``u_i`` (``"cloud"``). A transform that
+        blends the received model (ALA) gets ``u_i`` and makes the start itself (FedALA Alg. 1 replaces the host's
+        initialisation), so ``start`` does not apply then."""
+        if self.opts.start == "local" and not any(t.requires_received for t in self.transforms):
+            return dict(cstate["params"])
+        return {**cstate["params"], **msg.params()}
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
-        """Eq. 8's proximal pull ``lambda / (2 alphaK) ||w - u_i||^2`` (FedProx's term with mu = lambda / alphaK)."""
+        """Eq. 8's proximal pull ``lambda / (2 alphaK) ||w - u_i||^2`` (FedProx's term with mu = lambda / alphaK),
+        centred at the received ``u_i`` whatever the training starts from (``params``: ALA's blend under +ala)."""
         if not self.opts.lam:
             return ()
         return (proximal_term(msg.params(), self.opts.lam / self.opts.alpha_k),)

@@ -79,6 +79,10 @@ class Traits:
     shares: str
     #: the method has a global model whose accuracy is reported beside the personalized one
     has_global: bool
+    #: each client's training starts from a model the server sends it -- the global model, or a personalized one
+    #: (FedAMP's cloud model u_i) -- so a transform can blend that received model with the client's own last model
+    #: (ALA, FedALA Alg. 1); the class declaration defaults to ``has_global``
+    trains_from_received: bool
     #: the client state holds the client's model (the method needs it, or one of its transforms does)
     keeps_model: bool
     #: some client work is plain code outside TrainSpecs (the method's or a transform's own loop); a batching
@@ -192,6 +196,10 @@ class ClientTransform:
     needs_local_model: ClassVar[bool] = False
     #: the transform blends with a global model, so the method must have one
     requires_global: ClassVar[bool] = False
+    #: the transform blends the model the server sends a client (global or personalized: what ``client_init`` makes
+    #: of the message) with the client's own last model, so the method must train from a received model
+    #: (``traits.trains_from_received``); at evaluation it reads that model from the evaluation message
+    requires_received: ClassVar[bool] = False
     #: the transform runs its own optimisation loop as plain code on the client (ALA's weight learning), so a
     #: backend that batches TrainSpecs across clients cannot batch that part
     own_loop: ClassVar[bool] = False
@@ -241,6 +249,11 @@ class Method:
     shares: ClassVar[str] = "all"
     #: whether the method has a global model whose accuracy is reported beside the personalized one
     has_global: ClassVar[bool] = True
+    #: whether each client trains from a model the server sends it (global or personalized), which a transform may
+    #: blend with the client's own model (``ClientTransform.requires_received``); None: the same as ``has_global``.
+    #: A method without a global model declares True only where its personalized received model takes the global
+    #: model's place in the transform's paper (FedAMP's u_i in FedALA's Table 4)
+    trains_from_received: ClassVar[bool | None] = None
     #: whether the client half keeps its model between rounds (a private head, a local model); methods whose
     #: clients always start from what they receive (FedAvg, FedALP) set False and store nothing
     client_keeps_model: ClassVar[bool] = True
@@ -282,6 +295,7 @@ class Method:
         with the transforms (a transform's model need, own loop, per-client stats and evaluation description). A
         subclass that changes a resolved trait (e.g. wraps the evaluation description) ``replace``s the result."""
         base = dict(eval_model=self.eval_model, shares=self.shares, has_global=self.has_global,
+                    trains_from_received=self.trains_from_received,
                     keeps_model=self.client_keeps_model, own_loop=self.client_own_loop,
                     accepts_transforms=self.accepts_transforms,
                     evaluates_received_model=self.evaluates_received_model,
@@ -290,11 +304,17 @@ class Method:
         unknown = set(declared) - set(base)
         if unknown:
             raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
-        t = Traits(**{**base, **declared})
+        merged = {**base, **declared}
+        if merged["trains_from_received"] is None:
+            merged["trains_from_received"] = merged["has_global"]
+        t = Traits(**merged)
         desc = t.eval_model
         for tr in self.transforms:
             desc = tr.eval_description(self, desc)
-        return replace(t, eval_model=desc,
+        # a transform that blends the received model evaluates that blend from the evaluation message, which must
+        # then carry the model (a method that evaluates its own model otherwise sends nothing)
+        blends = any(tr.requires_received for tr in self.transforms)
+        return replace(t, eval_model=desc, evaluates_own_model=t.evaluates_own_model and not blends,
                        keeps_model=t.keeps_model or any(tr.needs_local_model for tr in self.transforms),
                        own_loop=t.own_loop or any(tr.own_loop for tr in self.transforms),
                        per_client_stats=t.per_client_stats + tuple(p for tr in self.transforms
