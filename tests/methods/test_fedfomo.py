@@ -47,7 +47,7 @@ def test_fedfomo_sends_m_other_models_and_counts_their_bytes(tiny_fed):
 
 
 # ------------------------------------------------------------------------------------------------ the hold-out
-# Paper Sec. 3: L_i is client i's loss on its own validation data, which it does not train on; the authors' code
+# Eq. 6-7: L_i is client i's loss on its own validation data, which it does not train on; the authors' code
 # holds out a seeded random 20 % of the local data, PFLlib the last 20 % of the training split (val_ratio 0.2).
 
 

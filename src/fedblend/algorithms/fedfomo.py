@@ -20,7 +20,7 @@ matrix ``P`` (``N x N``; row ``i``: how much client ``i`` has gained from each o
 Bytes down are honest: a client receives ``M`` full models (``comm_bytes`` counts every record). Evaluation:
 each client's own model after its last local training. FedFomo has no global model, so ``+ala`` does not apply.
 
-Validation data (Sec. 3: ``L_i`` is client ``i``'s loss on its own *validation* data, which it does not train
+Validation data (Eq. 6-7: ``L_i`` is client ``i``'s loss on its own *validation* data, which it does not train
 on): ``val_split = "val"`` uses the run's validation split when it has one (``partition.split =
 "train_val_test"``); otherwise the client holds out ``holdout`` (0.2) of its own training split as its validation
 data and trains on the rest, as the authors' code (``--train_split 0.8``, a seeded ``random_split`` of the local
@@ -94,7 +94,7 @@ def fomo_update(own: Mapping[str, torch.Tensor], models: Sequence[Mapping[str, t
 
 def holdout_rows(n: int, fraction: float, pick: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of a client's ``n`` training samples it keeps for training and those it holds out as its
-    validation data (paper Sec. 3: ``L_i`` on validation data the client does not train on): ``floor(fraction *
+    validation data (Eq. 6-7: ``L_i`` on validation data the client does not train on): ``floor(fraction *
     n)`` held out, ``"random"``: a uniformly random subset drawn from ``generator`` (the authors' ``random_split``),
     ``"last"``: the last rows (PFLlib's ``train_data[-int(0.2 n):]``). Both index tensors ascending; disjoint,
     together ``range(n)``."""
@@ -181,7 +181,7 @@ class FedFomo(Method):
                 and int(self.opts.holdout * data.num_train) >= 1)
 
     def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
-        """The hold-out (Sec. 3, the client's validation data): for this exchange the client's data becomes its
+        """The hold-out (Eq. 6-7: the client's validation data): for this exchange the client's data becomes its
         kept training rows (``train``, what the template trains on and ``num_samples`` counts) and its held-out
         rows (``val``, what :meth:`client_init` scores on). The rows depend only on the run's seed, the client's
         id and its own sample count, so they are the same every round and in every backend (each trains on
