@@ -8,7 +8,9 @@ Layout of ``results/`` (each run folder holds only ``config.toml``, ``summary.js
     results/validation/<method>/fedblend-<variant>/  the same with other seeds (seed1, ...), the reference's
                                                  initial weights (pflib-init), its options and initial weights
                                                  (as-reference) or its options alone (reference-options)
-    results/validation/<method>/reference.json   the reference implementation's per-round accuracy (+ where from)
+    results/validation/<method>/reference.json   the reference implementation's per-round accuracy (+ where from);
+                                                 without ``acc``, a method with no reference to run: its
+                                                 ``status`` (e.g. "no public reference") fills the row
     results/validation/<method>/verdict.md       the verdict in words (one paragraph)
     results/probes/<table>/<column>/<name>/seed<S>/  a probe run a doc cites (no generated table)
 
@@ -247,6 +249,11 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
     for ref_file in sorted((repo / "results" / "validation").glob("*/reference.json")):
         folder = ref_file.parent
         ref = json.loads(ref_file.read_text())
+        verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
+        if "acc" not in ref:  # nothing to run side by side: the row says why (and what was searched, in the verdict)
+            rows.append({"method": folder.name, "status": ref.get("status", "no reference run"),
+                         "verdict": " ".join(verdict.split())})
+            continue
         metrics = folder / "fedblend" / "metrics.jsonl"
         if not metrics.exists():
             continue
@@ -272,7 +279,6 @@ def validation_rows(repo: Path = REPO) -> list[dict]:
             as_ref = _variant(folder / "fedblend-reference-options" / "metrics.jsonl", key, theirs, common)
             if as_ref is not None:
                 as_ref["own_init"] = True
-        verdict = (folder / "verdict.md").read_text().strip() if (folder / "verdict.md").exists() else "not judged yet"
         rows.append({"method": folder.name + ("" if key == "acc" else f" (`{key}`)"), "repository": ref.get("repository", "?"),
                      "commit": str(ref.get("commit", "?"))[:10], "setting": ref.get("setting", ""),
                      "rounds": len(common), "max_diff": diffs[worst], "max_round": common[worst], "last": last,
@@ -307,6 +313,9 @@ def render_validation(repo: Path = REPO) -> str:
              "difference; last round ours % | with the reference's options (and initial weights unless marked): max difference; "
              "mean difference; last round ours % | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in validation_rows(repo):
+        if "status" in r:
+            lines.append(f"| {r['method']} | {r['status']} | - | - | - | - | - | - | {r['verdict']} |")
+            continue
         seeds = " / ".join(f"{v:.2f}" for v in r["other_seeds"]) or "-"
         si, ar = r["same_init"], r["as_reference"]
         same = "-" if si is None else f"{si['max_diff']:+.2f} (round {si['max_round']}); {si['ours']:.2f}"

@@ -171,3 +171,14 @@ def test_t1_rows_against_fedapa_are_paired_by_seed_with_a_t_interval(tmp_path, t
     assert "| FedPHP | +1.50 [-4.85, +7.85] (2 seeds) | - |" in text
     assert "| FedAMP | - | - |" in text  # no FedAPA run of its seed
     assert "FedAPA |" not in text.split("\n", 2)[2]  # the anchor has no row of its own
+
+
+def test_a_method_without_a_reference_gets_a_row_saying_so(tmp_path, tables):
+    folder = tmp_path / "results" / "validation" / "partialfed"
+    folder.mkdir(parents=True)
+    (folder / "reference.json").write_text(json.dumps({"status": "no public reference", "searched": ["x"]}))
+    (folder / "verdict.md").write_text("**no public reference.** Searched x;\n evidence: tests.\n")
+    lines = tables.render_validation(tmp_path).splitlines()
+    assert lines[2:] == ["| partialfed | no public reference | - | - | - | - | - | - | "
+                         "**no public reference.** Searched x; evidence: tests. |"]
+    assert lines[0].count("|") == lines[2].count("|")  # as many cells as the header

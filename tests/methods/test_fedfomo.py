@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedblend.algorithms.fedfomo import fomo_update, fomo_weights, select_models
-from tests.helpers import tiny_sim
+from tests.helpers import run_client, same_state, tiny_sim, train_message
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,3 +44,155 @@ def test_fedfomo_sends_m_other_models_and_counts_their_bytes(tiny_fed):
     assert sim.history[1]["bytes_up"] == [model_bytes] * 4
     assert float(sim.server["affinity"].diagonal().abs().sum()) == 0.0  # a client never receives its own model
     assert float(sim.server["affinity"].sum()) > 0
+
+
+# ------------------------------------------------------------------------------------------------ the hold-out
+# Eq. 6-7: L_i is client i's loss on its own validation data, which it does not train on; the authors' code
+# holds out a seeded random 20 % of the local data, PFLlib the last 20 % of the training split (val_ratio 0.2).
+
+
+def _poison_rows(fed, rows_of):
+    """``fed`` with the training rows ``rows_of(cid, n)`` of every client replaced by noise (labels kept)."""
+    from dataclasses import replace
+
+    clients = []
+    for cid, c in enumerate(fed.clients):
+        x = c.train_x.clone()
+        rows = rows_of(cid, c.num_train)
+        x[rows] = torch.randn(x[rows].shape, generator=torch.Generator().manual_seed(cid)) * 5
+        clients.append(replace(c, train_x=x))
+    return replace(fed, clients=clients)
+
+
+def _last_rows(fraction):
+    return lambda cid, n: torch.arange(n - int(fraction * n), n)
+
+
+def test_holdout_rows_hold_out_the_floor_share_disjoint_and_covering():
+    from fedblend.algorithms.fedfomo import holdout_rows
+
+    for pick in ("random", "last"):
+        keep, held = holdout_rows(78, 0.2, pick, torch.Generator().manual_seed(3))
+        assert len(held) == 15 and len(keep) == 63  # PFLlib: int(0.2 * 78) = 15 held out
+        assert sorted(keep.tolist() + held.tolist()) == list(range(78))
+    assert holdout_rows(78, 0.2, "last", torch.Generator())[1].tolist() == list(range(63, 78))
+    a = holdout_rows(78, 0.2, "random", torch.Generator().manual_seed(3))[1]
+    b = holdout_rows(78, 0.2, "random", torch.Generator().manual_seed(4))[1]
+    assert torch.equal(a, holdout_rows(78, 0.2, "random", torch.Generator().manual_seed(3))[1]) and not torch.equal(a, b)
+    assert len(holdout_rows(4, 0.2, "random", torch.Generator())[1]) == 0  # floor(0.8) = 0: nothing held out
+
+
+def test_fedfomo_weights_are_computed_on_the_held_out_rows_only(tiny_fed, monkeypatch):
+    import fedblend.algorithms.fedfomo as fomo
+
+    seen = []
+    real = fomo.evaluate_params
+    monkeypatch.setattr(fomo, "evaluate_params", lambda model, p, x, y: seen.append((x, y)) or real(model, p, x, y))
+    sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2, "holdout": 0.25, "holdout_pick": "last"}, rounds=2, seed=0)
+    sim.run()
+    n = [c.num_train for c in tiny_fed.clients]
+    # round 1: each client scores its own model (1 call); round 2: its own and the two received (3 calls each)
+    assert len(seen) == 4 * 1 + 4 * 3
+    calls = iter(seen)
+    for _rnd in range(2):
+        for cid, c in enumerate(tiny_fed.clients):
+            held = torch.arange(n[cid] - int(0.25 * n[cid]), n[cid])
+            for _ in range(1 if _rnd == 0 else 3):
+                x, y = next(calls)
+                assert torch.equal(x, c.train_x[held]) and torch.equal(y, c.train_y[held])
+
+
+def test_fedfomo_training_never_sees_the_held_out_rows(tiny_fed):
+    from fedblend.core.vmap import VmapBackend
+
+    poisoned = _poison_rows(tiny_fed, _last_rows(0.25))
+    opts = {"m": 2, "holdout": 0.25, "holdout_pick": "last"}
+    for backend in (None, VmapBackend()):
+        runs = []
+        for fed in (tiny_fed, poisoned):
+            sim = tiny_sim(fed, "fedfomo", opts, rounds=1, seed=0, backend=backend)
+            sim.run()
+            runs.append(sim.server["models"])
+        # round 1 receives nothing: the uploads are the local training alone, equal whatever the held-out rows hold
+        assert same_state(runs[0], runs[1])
+    # without the hold-out the same rows are trained on, and the uploads differ
+    runs = []
+    for fed in (tiny_fed, poisoned):
+        sim = tiny_sim(fed, "fedfomo", {"m": 2, "holdout": 0.0}, rounds=1, seed=0)
+        sim.run()
+        runs.append(sim.server["models"])
+    assert not same_state(runs[0], runs[1])
+
+
+def test_fedfomo_holdout_is_drawn_once_per_client_from_the_seed_tree(tiny_fed, monkeypatch):
+    from fedblend.algorithms.fedfomo import holdout_rows
+    from fedblend.common.rng import SeedTree
+
+    sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=3, seed=5)  # defaults: 0.2 held out at random
+    sim.run()
+    for cid, c in enumerate(tiny_fed.clients):
+        keep, held = holdout_rows(c.num_train, 0.2, "random", SeedTree(5).torch("fedfomo-holdout", cid))
+        reply = run_client(sim, cid, train_message(sim, cid)).reply
+        assert reply.metrics["num_samples"] == c.num_train - int(0.2 * c.num_train) == len(keep)
+    # the same rows every round: only the held-out rows' contents matter to the weights, so poisoning them
+    # changes the run from round 2 on (when there are models to weigh) but never round 1
+    poisoned = _poison_rows(tiny_fed, lambda cid, n: holdout_rows(n, 0.2, "random",
+                                                                  SeedTree(5).torch("fedfomo-holdout", cid))[1])
+    other = tiny_sim(poisoned, "fedfomo", {"m": 2}, rounds=1, seed=5)
+    other.run()
+    first = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=1, seed=5)
+    first.run()
+    assert same_state(first.server["models"], other.server["models"])
+
+
+def test_fedfomo_without_holdout_scores_and_trains_on_the_whole_training_split(tiny_fed, monkeypatch):
+    import fedblend.algorithms.fedfomo as fomo
+
+    seen = []
+    real = fomo.evaluate_params
+    monkeypatch.setattr(fomo, "evaluate_params", lambda model, p, x, y: seen.append(x) or real(model, p, x, y))
+    for opts in ({"holdout": 0.0}, {"val_split": "train"}):
+        seen.clear()
+        sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2, **opts}, rounds=1, seed=0)
+        sim.run()
+        assert [x.shape[0] for x in seen] == [c.num_train for c in tiny_fed.clients]
+        reply = run_client(sim, 0, train_message(sim, 0)).reply
+        assert reply.metrics["num_samples"] == tiny_fed.clients[0].num_train
+
+
+def test_fedfomo_uses_the_runs_validation_split_and_holds_nothing_out(tiny_fed, monkeypatch):
+    from dataclasses import replace
+
+    import fedblend.algorithms.fedfomo as fomo
+
+    # a validation split of 6 noise samples per client, as partition.split = "train_val_test" would give
+    gen = torch.Generator().manual_seed(0)
+    fed = replace(tiny_fed, clients=[replace(c, val_x=torch.randn((6, *c.train_x.shape[1:]), generator=gen),
+                                             val_y=c.train_y[:6].clone()) for c in tiny_fed.clients])
+    seen = []
+    real = fomo.evaluate_params
+    monkeypatch.setattr(fomo, "evaluate_params", lambda model, p, x, y: seen.append(x) or real(model, p, x, y))
+    sim = tiny_sim(fed, "fedfomo", {"m": 2}, rounds=1, seed=0)
+    sim.run()
+    assert all(torch.equal(x, c.val_x) for x, c in zip(seen, fed.clients))
+    assert run_client(sim, 1, train_message(sim, 1)).reply.metrics["num_samples"] == fed.clients[1].num_train
+
+
+def test_fedfomo_reports_the_share_of_clients_whose_model_moved(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=3, seed=0)
+    sim.run()
+    assert "fomo_moved" not in sim.history[0]  # nothing received in round 1
+    assert all(0.0 <= h["fomo_moved"] <= 1.0 for h in sim.history[1:])
+
+
+def test_fedfomo_client_left_without_a_batch_by_the_holdout_trains_nothing_and_is_no_divergence(tiny_fed):
+    n = min(c.num_train for c in tiny_fed.clients)
+    small = min(range(4), key=lambda c: tiny_fed.clients[c].num_train)
+    bs = n - int(0.2 * n) + 1  # the smallest client keeps one row fewer than a batch (PFLlib: 63 kept, batch 64)
+    sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=2, seed=0, batch_size=bs, drop_last=True)
+    sim.run()
+    assert all(h["train_loss"] == h["train_loss"] for h in sim.history)  # finite: the other clients' mean
+    init = sim.run_info.init_params
+    first = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=1, seed=0, batch_size=bs, drop_last=True)
+    first.run()
+    assert same_state(first.server["models"][str(small)], dict(init))  # round 1: nothing received, nothing trained

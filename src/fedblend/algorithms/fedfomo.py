@@ -20,11 +20,21 @@ matrix ``P`` (``N x N``; row ``i``: how much client ``i`` has gained from each o
 Bytes down are honest: a client receives ``M`` full models (``comm_bytes`` counts every record). Evaluation:
 each client's own model after its last local training. FedFomo has no global model, so ``+ala`` does not apply.
 
+Validation data (Eq. 6-7: ``L_i`` is client ``i``'s loss on its own *validation* data, which it does not train
+on): ``val_split = "val"`` uses the run's validation split when it has one (``partition.split =
+"train_val_test"``); otherwise the client holds out ``holdout`` (0.2) of its own training split as its validation
+data and trains on the rest, as the authors' code (``--train_split 0.8``, a seeded ``random_split`` of the local
+data) and the references (PFLlib ``val_ratio = 0.2``, FL-bench ``valset_ratio = 0.2``) do. The held-out samples are
+drawn once per run and client from the seed tree (stream ``("fedfomo-holdout", cid)`` of the run's seed, from
+the client's own sample count only): ``holdout_pick = "random"`` (authors' code), or ``"last"``: the last
+``floor(holdout * n)`` samples in the client's data order (PFLlib's ``train_data[-int(0.2 n):]``). ``holdout = 0``
+or ``val_split = "train"``: the weights are computed on the training split, which the client also trains on
+(fedblend's behaviour before the hold-out existed).
+
 Choices where the paper is silent (options): ``epsilon`` and its linear per-round decay ``epsilon_decay``
-(exploration rate of the epsilon-greedy selection); the validation data (``val_split = "val"``: the client's
-validation split, falling back to its training split when the run's split has none; ``"train"``: always the
-training split); ``candidates``: ``"stored"`` (every client whose model the server holds, paper Sec. 3.2: the
-server keeps the latest model of each client) or ``"last_round"`` (only the previous round's uploads, PFLlib).
+(exploration rate of the epsilon-greedy selection); ``candidates``: ``"stored"`` (every client whose model the
+server holds, paper Sec. 3.2: the server keeps the latest model of each client) or ``"last_round"`` (only the
+previous round's uploads, PFLlib).
 """
 
 from __future__ import annotations
@@ -38,20 +48,28 @@ import torch
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
+from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import evaluate_params
 from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 from fedblend.core.training import TrainResult
+from fedblend.data.federated import ClientData
 
 
 @dataclass(frozen=True)
 class FedFomoOptions:
-    CHOICES: ClassVar[dict] = {"val_split": ("val", "train"), "candidates": ("stored", "last_round")}
-    RANGES: ClassVar[dict] = {"m": "[1, 100000]", "epsilon": "[0, 1]", "epsilon_decay": ">= 0"}
+    CHOICES: ClassVar[dict] = {"val_split": ("val", "train"), "candidates": ("stored", "last_round"),
+                               "holdout_pick": ("random", "last")}
+    RANGES: ClassVar[dict] = {"m": "[1, 100000]", "epsilon": "[0, 1]", "epsilon_decay": ">= 0", "holdout": "[0, 1)"}
 
     m: int = opt(5, "models downloaded per client and round (paper's M)")
     epsilon: float = opt(0.3, "epsilon-greedy exploration rate in the first round")
     epsilon_decay: float = opt(0.05, "subtracted from epsilon every round (floor 0)")
-    val_split: str = opt("val", 'data the weights are computed on: "val" (fallback train) or "train"')
+    val_split: str = opt("val", 'data the weights are computed on: "val" (the run\'s validation split, else the '
+                                'hold-out) or "train"')
+    holdout: float = opt(0.2, "share of the training split held out as validation data when the run has no "
+                              "validation split (0: none, the weights are computed on the training split)")
+    holdout_pick: str = opt("random", '"random": a seeded random hold-out (authors\' code); "last": the last '
+                                      "samples in the client's data order (PFLlib)")
     candidates: str = opt("stored", "\"stored\": every stored model; \"last_round\": the previous round's uploads")
 
 
@@ -72,6 +90,30 @@ def fomo_update(own: Mapping[str, torch.Tensor], models: Sequence[Mapping[str, t
         delta = sum(float(w) * (m[k] - v) for w, m in zip(weights, models))
         out[k] = v + delta if len(models) else v.clone()
     return out
+
+
+def holdout_rows(n: int, fraction: float, pick: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a client's ``n`` training samples it keeps for training and those it holds out as its
+    validation data (Eq. 6-7: ``L_i`` on validation data the client does not train on): ``floor(fraction *
+    n)`` held out, ``"random"``: a uniformly random subset drawn from ``generator`` (the authors' ``random_split``),
+    ``"last"``: the last rows (PFLlib's ``train_data[-int(0.2 n):]``). Both index tensors ascending; disjoint,
+    together ``range(n)``."""
+    held = int(fraction * n)
+    if pick == "last":
+        order = torch.arange(n)
+    elif pick == "random":
+        order = torch.randperm(n, generator=generator)
+    else:
+        raise ValueError(f"holdout_pick must be 'random' or 'last', got {pick!r}")
+    keep, out = order[: n - held], order[n - held:]
+    return keep.sort().values, out.sort().values
+
+
+def holdout_view(data: ClientData, keep: torch.Tensor, held: torch.Tensor) -> ClientData:
+    """The client's data with its training split cut in two: ``train`` = the kept rows, ``val`` = the held-out
+    rows; ``test`` unchanged."""
+    return ClientData(data.train_x[keep], data.train_y[keep], data.test_x, data.test_y,
+                      data.train_x[held], data.train_y[held])
 
 
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
@@ -132,7 +174,28 @@ class FedFomo(Method):
         return {**server, "models": models, "last_round": sorted(replies), "affinity": affinity}
 
     # ------------------------------------------------------------------------------------------ client
+    def holds_out(self, data: ClientData) -> bool:
+        """Whether the client holds out part of its training split (``val_split = "val"``, ``holdout > 0``, the
+        run has no validation split, and ``floor(holdout * n) >= 1``)."""
+        return (self.opts.val_split == "val" and self.opts.holdout > 0 and not len(data.val_y)
+                and int(self.opts.holdout * data.num_train) >= 1)
+
+    def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
+        """The hold-out (Eq. 6-7: the client's validation data): for this exchange the client's data becomes its
+        kept training rows (``train``, what the template trains on and ``num_samples`` counts) and its held-out
+        rows (``val``, what :meth:`client_init` scores on). The rows depend only on the run's seed, the client's
+        id and its own sample count, so they are the same every round and in every backend (each trains on
+        ``ctx.data``); evaluation builds its own context from the client's full data, so the test split is
+        untouched."""
+        if self.holds_out(ctx.data):
+            gen = SeedTree(ctx.run.seed).torch("fedfomo-holdout", ctx.cid)
+            ctx.data = holdout_view(ctx.data, *holdout_rows(ctx.data.num_train, self.opts.holdout,
+                                                            self.opts.holdout_pick, gen))
+        return cstate
+
     def val_data(self, ctx: ClientCtx) -> tuple[torch.Tensor, torch.Tensor]:
+        """``L_i``'s data: the validation split (the run's, or the hold-out :meth:`before_training` made) under
+        ``val_split = "val"``, else (or with none) the training split."""
         d = ctx.data
         if self.opts.val_split == "val" and len(d.val_y):
             return d.val_x, d.val_y
@@ -147,7 +210,18 @@ class FedFomo(Method):
             mean_loss = [lo / max(n, 1) for _, lo, n in (evaluate_params(ctx.model, p, x, y) for p in [own] + models)]
         weights = fomo_weights(mean_loss[0], mean_loss[1:], [distance(m, own) for m in models])
         ctx.scratch["fomo_weights"] = weights.tolist()
+        if models:  # the round's share of receiving clients whose model moves (some w_n > 0); the rest keep theirs
+            ctx.stats["fomo_moved"] = float(bool((weights > 0).any()))
         return fomo_update(own, models, weights)
+
+    def record_training(self, res: TrainResult, cstate: State, ctx: ClientCtx) -> State:
+        """As the template, but a client that trained no batch reports no ``train_loss``: with ``train.drop_last``
+        the hold-out can leave a client fewer kept rows than a batch (PFLlib's 78-sample client keeps 63 < 64 and
+        skips training too); its loss is then undefined, not a divergence."""
+        cstate = super().record_training(res, cstate, ctx)
+        if res.steps == 0:
+            ctx.stats.pop("train_loss", None)
+        return cstate
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
