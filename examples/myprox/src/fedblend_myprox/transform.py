@@ -24,7 +24,7 @@ class Mix(ClientTransform):
     name = "mix"
     options_cls = MixOptions
     needs_local_model = True  # the host keeps the client's model after training (cstate["params"])
-    requires_global = True  # blends with a received global model
+    requires_received = True  # blends the model the server sends (global, or personalized as FedAMP's u_i)
 
     def blend(self, params, cstate, ctx):
         own = cstate.get("params")
