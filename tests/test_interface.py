@@ -347,3 +347,17 @@ def test_vmap_evaluation_batched_across_clients_equals_per_client(spec, passes, 
             assert eb[k] == ea[k], k
         else:
             assert eb[k] == pytest.approx(ea[k], rel=1e-6, abs=1e-9), k
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "fedrep", "fedfomo"])
+def test_a_client_with_fewer_samples_than_a_batch_under_drop_last_reports_no_loss_and_is_no_divergence(method, tiny_fed):
+    """The template, for every method: with ``train.drop_last`` a client smaller than one batch trains nothing
+    (PFLlib's loader skips it); it reports no ``train_loss`` (the round's loss is the other clients' mean), and
+    the run goes on instead of stopping on a NaN."""
+    small = min(range(len(tiny_fed.clients)), key=lambda c: tiny_fed.clients[c].num_train)
+    bs = tiny_fed.clients[small].num_train + 1
+    assert any(c.num_train >= bs for c in tiny_fed.clients)
+    sim = tiny_sim(tiny_fed, method, rounds=2, seed=0, batch_size=bs, drop_last=True)
+    sim.run()
+    assert len(sim.history) == 2
+    assert all(math.isfinite(h["train_loss"]) for h in sim.history)

@@ -38,7 +38,7 @@ from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
-from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.method import ClientCtx, Message, Method, State, report_loss
 from fedblend.core.training import TrainSpec, merge_momentum
 
 
@@ -80,7 +80,7 @@ class Ditto(Method):
         cstate = {**cstate, "personal": per.params}
         if ctx.train.optimizer_state == "keep" and per.momentum is not None:
             cstate["personal_momentum"] = merge_momentum(cstate.get("personal_momentum"), per.momentum)
-        ctx.stats["personal_loss"] = per.mean_loss
+        report_loss(ctx, "personal_loss", per)
         return res, cstate
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:

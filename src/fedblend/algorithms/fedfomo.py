@@ -214,15 +214,6 @@ class FedFomo(Method):
             ctx.stats["fomo_moved"] = float(bool((weights > 0).any()))
         return fomo_update(own, models, weights)
 
-    def record_training(self, res: TrainResult, cstate: State, ctx: ClientCtx) -> State:
-        """As the template, but a client that trained no batch reports no ``train_loss``: with ``train.drop_last``
-        the hold-out can leave a client fewer kept rows than a batch (PFLlib's 78-sample client keeps 63 < 64 and
-        skips training too); its loss is then undefined, not a divergence."""
-        cstate = super().record_training(res, cstate, ctx)
-        if res.steps == 0:
-            ctx.stats.pop("train_loss", None)
-        return cstate
-
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
         reply = super().reply(res, msg, cstate, ctx)

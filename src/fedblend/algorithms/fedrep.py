@@ -30,7 +30,7 @@ from fedblend.algorithms.fedper import BodySharing
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.method import ClientCtx, Message, State, report_loss
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ class FedRep(BodySharing):
         res = yield self.train_spec(params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
                                     stream="head")
         cstate = self.record_training(res, cstate, ctx)
-        if res.steps:
-            ctx.stats["head_loss"] = res.mean_loss
+        report_loss(ctx, "head_loss", res)
         res = yield self.train_spec(res.params, msg, cstate, ctx, trainable=body, epochs=self.opts.body_epochs)
         return res, self.record_training(res, cstate, ctx)

@@ -233,6 +233,14 @@ class ClientTransform:
         return current
 
 
+
+def report_loss(ctx: ClientCtx, key: str, res: TrainResult) -> None:
+    """Report a training phase's mean loss as the client stat ``key``, unless the phase trained no batch (fewer
+    samples than one batch under ``train.drop_last``; PFLlib's loader skips such a client): its loss is undefined,
+    and a NaN would read as a divergence."""
+    if res.steps:
+        ctx.stats[key] = res.mean_loss
+
 class Method:
     """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring).
 
@@ -415,10 +423,12 @@ class Method:
         return TrainSpec(**{**spec, **kw})
 
     def record_training(self, res: TrainResult, cstate: State, ctx: ClientCtx) -> State:
-        """After a spec ran: keep the momentum buffers (merged, so untrained tensors keep theirs) and the loss."""
+        """After a spec ran: keep the momentum buffers (merged, so untrained tensors keep theirs) and the loss. A
+        client that trained no batch (fewer samples than one batch under ``train.drop_last``, as PFLlib's loader
+        skips it) reports no ``train_loss``: its loss is undefined, not a divergence."""
         if ctx.train.optimizer_state == "keep" and res.momentum is not None:
             cstate = {**cstate, "momentum": merge_momentum(cstate.get("momentum"), res.momentum)}
-        ctx.stats["train_loss"] = res.mean_loss
+        report_loss(ctx, "train_loss", res)
         return cstate
 
     # ---------------------------------------------------------------------------------- template hooks
