@@ -16,10 +16,14 @@ def _data_dir() -> Path:
 
 
 @pytest.fixture
-def real_data_dir() -> Path:
+def real_data_dir(monkeypatch) -> Path:
+    """The data directory; also exported as ``FEDBLEND_DATA`` for the test, so code that resolves the directory
+    itself (the CLI, ``load_dataset`` without a path) finds the same one as the test does when the variable is
+    unset and the default ``../shared/data`` is used."""
     d = _data_dir()
     if not (d / "fashion-mnist" / "train-images-idx3-ubyte.gz").exists() or not (d / "mnist").exists():
         pytest.skip(f"real dataset archives not found in {d} (set FEDBLEND_DATA to the shared data directory)")
+    monkeypatch.setenv("FEDBLEND_DATA", str(d))
     return d
 
 
