@@ -48,17 +48,25 @@ class Row:
     """One method's row: ``key`` is its folder under each column (the run's method name), ``metric`` the summary
     field reported (personalized best accuracy unless the paper reports the global model), ``paper`` the published
     number per column; ``folder`` reads the runs of another folder instead (FedAvg's global model from the
-    FedAvg-FT runs, which train exactly like FedAvg: ``tests/test_fedavg.py`` checks it bit for bit)."""
+    FedAvg-FT runs, which train exactly like FedAvg: ``tests/test_fedavg.py`` checks it bit for bit); ``root``
+    reads them under another table's results root (``results/t1``: a row whose runs are another table's runs of
+    the same config and column, e.g. the ALA table's FedPHP host, which is T1's FedPHP row), so one run is
+    committed once."""
 
     key: str
     label: str
     paper: dict[str, float] = field(default_factory=dict)
     metric: str = "best_accuracy"
     folder: str | None = None
+    root: str | None = None
 
     @property
     def where(self) -> str:
         return self.folder or self.key
+
+    def runs(self, table: Table, column: str, repo: Path, status: str = "finished") -> list[dict]:
+        """The row's runs of ``column`` (:func:`load_runs`), under its own root or the table's."""
+        return load_runs(repo / (self.root or table.root) / column / self.where, status)
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,16 @@ T3 = Table("t3", "docs/benchmarks.md", "results/t3", (("pat", "pathological"),),
 ))
 
 ALA_HOSTS = ("fedavg", "fedprox", "ditto", "fedrep", "fedphp", "fedamp", "perfedavg", "pfedme", "partialfed")
+#: ALA-table rows that are T1 Dir(0.1) runs of the same config (``t1-fmnist-dir-fedavg.toml`` with the method set),
+#: read from ``results/t1`` instead of being run twice: FedAvg's global model is the FedAvg-FT runs' (as T1's
+#: FedAvg row), ``fedavg+ala`` is FedALA (``tests/test_fedala.py``: the same histories bit for bit, ALA's defaults
+#: in both), FedPHP and FedAMP are T1's rows
+ALA_FROM_T1 = {"fedavg": "fedavg-ft", "fedavg+ala": "fedala", "fedphp": "fedphp", "fedamp": "fedamp"}
 ALA = Table("ala", "docs/benchmarks.md", "results/ala", (("dir", "T1 Dir(0.1)"),), tuple(
-    r for host in ALA_HOSTS for r in (
-        Row(host, host, {}, "global_best_accuracy" if host in ("fedavg", "fedprox") else "best_accuracy"),
-        Row(f"{host}+ala", f"{host}+ala"))), gains=True)
+    Row(key, key + (f" (T1's {ALA_FROM_T1[key]} runs)" if key in ALA_FROM_T1 else ""), {},
+        "global_best_accuracy" if key in ("fedavg", "fedprox") else "best_accuracy",
+        folder=ALA_FROM_T1.get(key), root="results/t1" if key in ALA_FROM_T1 else None)
+    for host in ALA_HOSTS for key in (host, f"{host}+ala")), gains=True)
 
 # T4 (pFedRLLA's protocol, issue #25: 100 clients, 10 % join, 5 local epochs; the budget is each run's `rounds`):
 # columns are dataset-partition folders, rows the paper's baselines and pFedRLLA with / without its pre-trained
@@ -204,22 +218,19 @@ def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric
 
 def render_paired(table: Table, anchor: str, repo: Path = REPO) -> str:
     """Every row of ``table`` against the row ``anchor``, paired by seed, one column per setting."""
-    root = repo / table.root
     base = next(r for r in table.rows if r.key == anchor)
     lines = ["| method | " + " | ".join(f"{label}: minus {base.label}" for _, label in table.columns) + " |",
              "|" + "---|" * (len(table.columns) + 1)]
     for row in table.rows:
         if row.key == anchor:
             continue
-        cells = [paired_cell(load_runs(root / c / row.where), load_runs(root / c / base.where), row.metric,
-                             base.metric)
+        cells = [paired_cell(row.runs(table, c, repo), base.runs(table, c, repo), row.metric, base.metric)
                  for c, _ in table.columns]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def render(table: Table, repo: Path = REPO) -> str:
-    root = repo / table.root
     head = ["method"] + [f"{label} [paper]" if any(c in r.paper for r in table.rows) else label
                          for c, label in table.columns]
     if table.gains:
@@ -228,13 +239,12 @@ def render(table: Table, repo: Path = REPO) -> str:
     for row in table.rows:
         cells = [row.label]
         for c, _ in table.columns:
-            cells.append(cell(load_runs(root / c / row.where), row.metric, row.paper.get(c), table.scale,
-                              table.missing, load_runs(root / c / row.where, "diverged")))
+            cells.append(cell(row.runs(table, c, repo), row.metric, row.paper.get(c), table.scale,
+                              table.missing, row.runs(table, c, repo, "diverged")))
         if table.gains:
             if row.key.endswith("+ala"):
                 host = next(r for r in table.rows if r.key == row.key[:-4])
-                cells.append("; ".join(gain_cell(load_runs(root / c / host.where), load_runs(root / c / row.where),
-                                                 host.metric)
+                cells.append("; ".join(gain_cell(host.runs(table, c, repo), row.runs(table, c, repo), host.metric)
                                        for c, _ in table.columns))
             else:
                 cells.append("")

@@ -62,6 +62,21 @@ def test_ala_gain_is_paired_by_seed(tmp_path, tables):
     assert line.endswith("| +5.50 (per seed +5.00 / +6.00) |")
 
 
+
+def test_ala_rows_that_are_t1_runs_read_results_t1(tmp_path, tables):
+    """FedPHP as an ALA host is T1's FedPHP row (same config): its cell and the gain come from results/t1, and a
+    run under results/ala for it is not read; fedavg+ala is T1's FedALA, FedAvg the FedAvg-FT runs' global model."""
+    _run(tmp_path, "results/t1/dir/fedphp", 0, method="fedphp", best_accuracy=0.90)
+    _run(tmp_path, "results/ala/dir/fedphp", 0, method="fedphp", best_accuracy=0.10)
+    _run(tmp_path, "results/ala/dir/fedphp+ala", 0, method="fedphp+ala", best_accuracy=0.93)
+    _run(tmp_path, "results/t1/dir/fedavg-ft", 0, method="fedavg-ft", best_accuracy=0.97, global_best_accuracy=0.85)
+    _run(tmp_path, "results/t1/dir/fedala", 0, method="fedala", best_accuracy=0.96)
+    lines = tables.render(tables.ALA, tmp_path).splitlines()
+    assert "| fedphp (T1's fedphp runs) | 90.00 (1 seed) |  |" in lines
+    assert "| fedphp+ala | 93.00 (1 seed) | +3.00 |" in lines
+    assert "| fedavg (T1's fedavg-ft runs) | 85.00 (1 seed) |  |" in lines
+    assert "| fedavg+ala (T1's fedala runs) | 96.00 (1 seed) | +11.00 |" in lines
+
 def test_a_stale_number_in_a_doc_is_caught_and_regenerated(tmp_path, tables):
     for seed, acc in enumerate([0.99, 0.98, 0.97]):
         _run(tmp_path, "results/t3/pat/ditto", seed, method="ditto", best_accuracy=acc)
