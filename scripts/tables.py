@@ -135,7 +135,11 @@ T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
                   tuple(Row(k, label, metric="rounds_to_target") for k, label in T4_ROWS), scale=1.0,
                   missing="target not reached")
 
-TABLES = {t.name: t for t in (T1, T3, ALA, T4, T4_ROUNDS)}
+#: the README's headline rows: T1's FedAvg, FedALA and FedAPA rows and its two references, from results/t1
+SUMMARY = Table("summary", "README.md", T1.root, T1.columns,
+                tuple(r for r in T1.rows if r.key in ("fedavg", "fedala", "fedapa", "fedavg-ft", "local")))
+
+TABLES = {t.name: t for t in (T1, T3, ALA, T4, T4_ROUNDS, SUMMARY)}
 
 
 # ------------------------------------------------------------------------------------------------ reading
