@@ -135,11 +135,23 @@ T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
                   tuple(Row(k, label, metric="rounds_to_target") for k, label in T4_ROWS), scale=1.0,
                   missing="target not reached")
 
+# T2 (FedALP Table 2: 100 one-class clients, MNIST-NN, 600 rounds): columns are the datasets, rows FedAvg, FedALP's
+# global and local (personalized) models, FedAvg on IID data, and FedALP with M = 3 (not in the paper). Runs are
+# collected with ``collect RUNS results/t2/<mnist|fmnist> --row <fedavg|fedalp|fedavg-iid|fedalp-m3>``.
+T2 = Table("t2", "docs/benchmarks.md", "results/t2", (("mnist", "MNIST"), ("fmnist", "FMNIST")), (
+    Row("fedavg", "FedAvg", {"mnist": 87.25, "fmnist": 73.48}),
+    Row("fedalp-global", "FedALP global", {"mnist": 86.65, "fmnist": 72.81}, "global_best_accuracy", folder="fedalp"),
+    Row("fedalp", "FedALP local", {"mnist": 94.46, "fmnist": 96.64}),
+    Row("fedavg-iid", "FedAvg IID", {"mnist": 94.37, "fmnist": 81.05}),
+    Row("fedalp-m3-global", "FedALP global, M = 3", {}, "global_best_accuracy", folder="fedalp-m3"),
+    Row("fedalp-m3", "FedALP local, M = 3"),
+))
+
 #: the README's headline rows: T1's FedAvg, FedALA and FedAPA rows and its two references, from results/t1
 SUMMARY = Table("summary", "README.md", T1.root, T1.columns,
                 tuple(r for r in T1.rows if r.key in ("fedavg", "fedala", "fedapa", "fedavg-ft", "local")))
 
-TABLES = {t.name: t for t in (T1, T3, ALA, T4, T4_ROUNDS, SUMMARY)}
+TABLES = {t.name: t for t in (T1, T2, T3, ALA, T4, T4_ROUNDS, SUMMARY)}
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -256,6 +268,32 @@ def render(table: Table, repo: Path = REPO) -> str:
     return "\n".join(lines)
 
 
+def render_verdict(table: Table, mine: tuple[str, ...], repo: Path = REPO) -> str:
+    """Per column: the best of the ``mine`` rows (by the mean of its metric over seeds) against the best other row,
+    and their difference paired by seed (:func:`paired_cell`). Issue #25's verdict per T4 column: is pFedRLLA
+    above every baseline, and by how much."""
+    lines = ["| column | best pFedRLLA row | best other row | difference, paired over seeds (points) |",
+             "|---|---|---|---|"]
+
+    def best(rows: list[Row], c: str) -> tuple[Row, list[dict], float] | None:
+        scored = []
+        for r in rows:
+            runs = [x for x in r.runs(table, c, repo) if x.get(r.metric) is not None]
+            if runs:
+                scored.append((r, runs, float(np.mean([x[r.metric] for x in runs]))))
+        return max(scored, key=lambda t: t[2]) if scored else None
+
+    def name(t: tuple[Row, list[dict], float] | None) -> str:
+        return f"{t[0].label}: {t[2] * table.scale:.2f} ({len(t[1])} seed{'s' if len(t[1]) > 1 else ''})" if t else "not run"
+
+    for c, label in table.columns:
+        a = best([r for r in table.rows if r.key in mine], c)
+        b = best([r for r in table.rows if r.key not in mine], c)
+        diff = paired_cell(a[1], b[1], a[0].metric, b[0].metric) if a and b else "-"
+        lines.append(f"| {label} | {name(a)} | {name(b)} | {diff} |")
+    return "\n".join(lines)
+
+
 def validation_rows(repo: Path = REPO) -> list[dict]:
     """Per method under results/validation: our and the reference's per-round accuracy, compared round by round
     (ours: the metric ``reference.json`` names in ``fedblend_metric``, default ``acc``)."""
@@ -343,6 +381,8 @@ def render_validation(repo: Path = REPO) -> str:
 
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
              "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
+             "t4-verdict": ("docs/benchmarks.md",
+                            lambda repo=REPO: render_verdict(T4, ("pfedrlla", "pfedrlla-pretrained"), repo)),
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 

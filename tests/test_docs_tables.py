@@ -200,3 +200,20 @@ def test_a_method_without_a_reference_gets_a_row_saying_so(tmp_path, tables):
     assert lines[2:] == ["| partialfed | no public reference | - | - | - | - | - | - | "
                          "**no public reference.** Searched x; evidence: tests. |"]
     assert lines[0].count("|") == lines[2].count("|")  # as many cells as the header
+
+
+def test_t4_verdict_is_the_best_pfedrlla_row_against_the_best_other_paired_by_seed(tmp_path, tables):
+    """Issue #25's verdict per column: the pre-trained row (mean 0.92) beats the plain one (0.90); the best other
+    row is FedAvg-FT (0.91) over Local (0.89); the difference is paired over the seeds both have."""
+    col = "results/t4/fmnist-pat2"
+    for seed, (pre, plain, ft, local) in enumerate([(0.93, 0.90, 0.91, 0.89), (0.91, 0.90, 0.91, 0.89)]):
+        _run(tmp_path, f"{col}/pfedrlla-pretrained", seed, method="pfedrlla", best_accuracy=pre)
+        _run(tmp_path, f"{col}/pfedrlla", seed, method="pfedrlla", best_accuracy=plain)
+        _run(tmp_path, f"{col}/fedavg-ft", seed, method="fedavg-ft", best_accuracy=ft)
+        _run(tmp_path, f"{col}/local", seed, method="local", best_accuracy=local)
+    lines = tables.render_verdict(tables.T4, ("pfedrlla", "pfedrlla-pretrained"), tmp_path).splitlines()
+    row = next(x for x in lines if x.startswith("| FMNIST pathological s = 2 |"))
+    assert row.startswith("| FMNIST pathological s = 2 | pFedRLLA (pre-trained agent): 92.00 (2 seeds) | "
+                          "FedAvg-FT: 91.00 (2 seeds) | +1.00 [")  # +2 and 0 per seed: mean +1, a wide interval
+    assert row.endswith("(2 seeds) |")
+    assert "| MNIST* | not run | not run | - |" in lines
