@@ -166,3 +166,21 @@ def test_mnist_star_domains(real_data_dir):
     pool = np.concatenate([raw.train_domain, raw.test_domain])
     assert [set(pool[i].tolist()) for i in fed.indices["train"]] == [{0}] * 4 + [{1}] * 4 + [{2}] * 2
     assert fed.info["domain_names"] == ("mnist", "usps", "mnist-texture")
+
+
+@pytest.mark.parametrize("split,given,shares", [
+    ("train_val_test", {}, (0.65, 0.15, 0.20)),  # pFedRLLA Sec. 5: 65:15:20
+    ("merge", {}, (0.75, 0.0, 0.25)),  # PFLlib's 75/25
+    ("train_val_test", {"train_fraction": 0.75}, (0.75, 0.15, 0.10)),  # an explicit share is kept
+])
+def test_each_split_has_its_own_train_share_unless_one_is_given(split, given, shares):
+    """An unset ``train_fraction`` is the split's own share (issue #25: the T4 configs had 75/15/10 with one default
+    for every split)."""
+    from fedblend.data.federated import PartitionSpec, build_federated
+    from fedblend.data.synthetic import make_synthetic
+
+    spec = PartitionSpec(kind="iid", num_clients=4, split=split, **given)
+    fed = build_federated(make_synthetic(), spec, seed=0)
+    sizes = {k: sum(len(p) for p in fed.indices.get(k, [])) for k in ("train", "val", "test")}
+    total = sum(sizes.values())
+    assert (sizes["train"] / total, sizes["val"] / total, sizes["test"] / total) == pytest.approx(shares, abs=0.01)

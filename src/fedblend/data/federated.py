@@ -5,8 +5,9 @@ Split modes (how each client's evaluation data is made):
 * ``official`` (FedAPA, FedALP): the official training split is partitioned; the official test split is divided
   with the same per-class proportions (or ``test_per_client`` samples with the client's class mix).
 * ``merge`` (PFLlib / FedALA): train and test are merged, partitioned, then each client's samples are shuffled
-  and split ``train_fraction`` / rest (75/25).
-* ``train_val_test`` (pFedRLLA): merged, partitioned, each client split 65 / 15 / 20.
+  and split ``train_fraction`` / rest (75/25 unless set).
+* ``train_val_test`` (pFedRLLA Sec. 5, "65:15:20"): merged, partitioned, each client split ``train_fraction`` /
+  ``val_fraction`` / rest (65 / 15 / 20 unless set).
 
 All tensors stay in memory as float32 (images normalised with the dataset's mean/std) or int64 (token ids), so
 training slices tensors directly with no per-batch loader overhead.
@@ -67,7 +68,7 @@ class PartitionSpec:
     min_test_samples: int | None = None
     max_tries: int = 1000
     split: str = "merge"
-    train_fraction: float = 0.75
+    train_fraction: float | None = None  # unset: the split's own share (see __post_init__)
     val_fraction: float = 0.15
     test_per_client: int | None = None
     domain_shares: tuple[float, ...] = (0.4, 0.4, 0.2)  # kind "domains": share of clients per domain (MNIST*)
@@ -75,6 +76,12 @@ class PartitionSpec:
     flwr: str | None = None  # kind "flwr": a flwr-datasets partitioner class, e.g. "DirichletPartitioner"
     flwr_options: dict | None = None  # kind "flwr": its keyword arguments, e.g. {alpha = 0.1}
     pool_fraction: float = 1.0  # keep a seeded uniform random share of the pool before drawing (cheap runs)
+
+    def __post_init__(self) -> None:
+        """An unset ``train_fraction`` is the split's own: 0.65 for ``train_val_test`` (pFedRLLA's 65/15/20 with
+        ``val_fraction`` 0.15), 0.75 otherwise (PFLlib's 75/25 for ``merge``; unused by ``official``)."""
+        if self.train_fraction is None:
+            self.train_fraction = 0.65 if self.split == "train_val_test" else 0.75
 
     def validate(self, where: str) -> None:
         for kind, name in (("indices", "path"), ("flwr", "flwr")):
