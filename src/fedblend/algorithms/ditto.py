@@ -11,7 +11,7 @@ Every client ``k`` solves two problems (paper Eq. 1-2 and Alg. 1):
       v_k <- v_k - eta (grad F_k(v_k) + lambda (v_k - w^t))
 
   i.e. SGD on ``F_k`` plus FedProx's proximal term anchored at the received ``w^t``
-  (:func:`fedblend.algorithms.fedprox.proximal_term`).
+  (:func:`fedblend.algorithms.parts.proximal.proximal_term`).
 
 ``v_k`` starts at the initial model ``w^0`` (Alg. 1 input) and lives in the client state (``cstate["personal"]``,
 with its own momentum buffers ``cstate["personal_momentum"]`` under ``optimizer_state = "keep"``). Evaluation

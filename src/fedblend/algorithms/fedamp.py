@@ -12,7 +12,7 @@ with the attention-inducing function ``A(x) = 1 - exp(-x / sigma)`` (Sec. 5), so
 
     w_i = argmin_w  F_i(w) + lambda / (2 alphaK) ||w - u_i||^2
 
-by local SGD, here with :func:`fedblend.algorithms.fedprox.proximal_term` anchored at ``u_i`` with coefficient
+by local SGD, here with :func:`fedblend.algorithms.parts.proximal.proximal_term` anchored at ``u_i`` with coefficient
 ``lambda / alphaK``, and uploads ``w_i``.
 
 Choices where the paper is silent (see ``docs/methods/fedamp.md``):

@@ -116,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     _runtime_flags(run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) and accuracy curves of runs")
     rep.add_argument("runs", nargs="+", help="run directories or folders containing them")
-    rep.add_argument("--out", help="write table.md, table.json and PNG curves here")
+    rep.add_argument("--out", help="write table.md / .csv / .tex / .json and PNG curves here")
     rep.add_argument("--no-plots", action="store_true")
     rep.add_argument("--compare", nargs=2, metavar=("A", "B"), help="paired per-seed differences A - B with a "
                      "t-interval; A and B name groups (label, method, part of a label, or label@hash)")
