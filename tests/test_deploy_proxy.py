@@ -61,7 +61,6 @@ def test_deploy_with_a_dead_proxy_equals_fedblend_run(tmp_path, real_data_dir, f
     """The equality path of ``fedblend deploy`` with every proxy variable pointing at a dead port."""
     from tests.helpers import history
     from tests.test_flower import FMNIST_TINY, SCORES, _children
-    monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     cfg = load_config(None, FMNIST_TINY)
     run_experiment(cfg, tmp_path / "sim", real_data_dir)
     for v in PROXY_VARS:

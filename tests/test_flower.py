@@ -282,12 +282,11 @@ FMNIST_TINY = ["dataset='fmnist'", "model='mlp'", "rounds=2", "seed=1", "checkpo
                "partition.split='official'", "partition.test_per_client=40", "train.batch_size=20", "train.lr=0.05"]
 
 
-def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin, monkeypatch):
+def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin):
     """``fedblend deploy``: a real SuperLink and 2 SuperNodes (processes) on loopback run 2 rounds of FedAvg on
     tiny real FMNIST data; the per-round scores equal ``fedblend run``'s; no process is left behind."""
     from fedblend.flower.deploy import deploy_local
 
-    monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     cfg = load_config(None, FMNIST_TINY)
     run_experiment(cfg, tmp_path / "sim", real_data_dir)
     summary = deploy_local(cfg, tmp_path / "flw", nodes=2, data_dir=real_data_dir, timeout=120, run_timeout=400)
@@ -315,12 +314,11 @@ def _children() -> list[str]:
     return out
 
 
-def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin, monkeypatch):
+def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin):
     """A SuperNode killed during round 2 of 4: the run finishes, round 2's metrics name the missing clients, the
     node restarted with its state directory rejoins and its clients train again in the later rounds."""
     from fedblend.flower.deploy import CONNECTION, local_federation, write_app
 
-    monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     cfg = load_config(None, [*FMNIST_TINY, "rounds=4", "eval.every=4"])  # one exchange a round, then evaluation
     out, work = tmp_path / "out", tmp_path / "fed"
     app = write_app(cfg, work / "app", out, real_data_dir, nodes=2, timeout=NODE_TIMEOUT)
@@ -366,13 +364,12 @@ def _logs(work: Path, lines: int = 15) -> str:
                      for f in sorted(work.glob("*.log")))
 
 
-def test_tls_and_supernode_auth_refuse_unregistered_node(tmp_path, real_data_dir, flwr_bin, monkeypatch):
+def test_tls_and_supernode_auth_refuse_unregistered_node(tmp_path, real_data_dir, flwr_bin):
     """TLS everywhere and SuperNode authentication: the registered node runs the app; a node whose key was not
     registered is refused by the SuperLink (it exits), and the run goes on without it."""
     from fedblend.flower.certs import make_certificates
     from fedblend.flower.deploy import CONNECTION, local_federation, write_app
 
-    monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     certs = make_certificates(tmp_path / "certs", nodes=2)
     cfg = load_config(None, [*FMNIST_TINY, "rounds=1", "partition.num_clients=2"])
     tls = {"ca": str(certs / "ca.crt"), "cert": str(certs / "server.crt"), "key": str(certs / "server.key")}

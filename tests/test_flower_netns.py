@@ -85,13 +85,11 @@ def _reachable_from_here(port: int) -> bool:
         return s.connect_ex((LINK_ADDR, port)) == 0
 
 
-def test_tls_auth_deployment_across_namespace_hosts_survives_a_killed_node(hosts, tmp_path, real_data_dir, flwr_bin,
-                                                                           monkeypatch):
+def test_tls_auth_deployment_across_namespace_hosts_survives_a_killed_node(hosts, tmp_path, real_data_dir, flwr_bin):
     from fedblend.flower.certs import make_certificates
     from fedblend.flower.deploy import CONNECTION, local_federation, write_app
 
     link, nodes = hosts
-    monkeypatch.setenv("FEDBLEND_DATA", str(real_data_dir))
     certs = make_certificates(tmp_path / "certs", hosts=[LINK_ADDR], nodes=4)  # node-3: never registered
     tls = {"ca": str(certs / "ca.crt"), "cert": str(certs / "server.crt"), "key": str(certs / "server.key")}
     cfg = load_config(None, [*FMNIST_TINY, "rounds=3", "eval.every=3"])  # 3 clients, one per node
