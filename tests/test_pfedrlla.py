@@ -286,6 +286,43 @@ def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
     assert "method = 'pfedrlla'" in capsys.readouterr().err
 
 
+def test_cli_pretrain_interrupted_resumes_with_the_command_it_names_to_the_same_agent(tmp_path, capsys, monkeypatch):
+    """A pre-training run that spans sessions: Ctrl-C after round 2 names ``fedblend pretrain ... --resume``
+    (not ``fedblend run``, which would finish the run without writing the agent file), and that command writes
+    the agent an uninterrupted pre-training writes."""
+    import fedblend.progress
+    from fedblend.algorithms.pfedrlla import load_agent
+    from fedblend.cli.main import main
+
+    base = ["--set", "dataset=synthetic", "--set", "model=mlp", "--set", "rounds=4", "--set", "partition.num_clients=4",
+            "--set", "partition.min_samples=5", "--set", "train.lr=0.05", "--set", "method=pfedrlla",
+            "--set", "sampling.join_ratio=0.5", "--set", "options.emb_dim=16", "--set", "options.factor=8",
+            "--set", "options.hidden=32", "--set", "options.random_rounds=1", "--set", "options.update_every=1",
+            "--set", "checkpoint_every=2"]
+    whole = tmp_path / "whole.pt"
+    assert main(["pretrain", *base, "--quiet", "--out", str(whole)]) == 0
+
+    def ctrl_c(m, sim):
+        if m["round"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedblend.progress, "Progress", lambda total, label: ctrl_c)
+    agent = tmp_path / "agent.pt"
+    assert main(["pretrain", *base, "--out", str(agent)]) == 130
+    monkeypatch.undo()
+    run_dir = tmp_path / "agent.pt.run"
+    again = f"fedblend pretrain {run_dir / 'config.toml'} --out {agent}"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fedblend: error: interrupted after round 3; resume with: {again} --resume (continues from the "
+                   f"checkpoint of round 2)"]
+    assert not agent.exists()
+    assert main([*again.split()[1:], "--resume", "--quiet"]) == 0
+    resumed, uninterrupted = load_agent(agent), load_agent(whole)
+    assert resumed["agent"]["updates"] == uninterrupted["agent"]["updates"] == 20  # rounds 1-4, 5 updates each
+    assert same_state(resumed["agent"], uninterrupted["agent"]) and same_state(resumed["embed"], uninterrupted["embed"])
+    assert main([*again.split()[1:], "--resume", "--force", "--quiet"]) == 2
+
+
 def test_adam_step_equals_torch_optim_adam():
     """The functional Adam (kept as data in the server state) makes torch.optim.Adam's updates."""
     from fedblend.core.optim import adam_init, minimise

@@ -385,9 +385,12 @@ def _first_line(exc: BaseException) -> str:
 
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
                    resume: bool = False, progress: Callable[[dict, Simulation], None] | None = None,
-                   stop_after: int | None = None, force: bool = False, backend: Any = None) -> dict[str, Any]:
+                   stop_after: int | None = None, force: bool = False, backend: Any = None,
+                   command: str | None = None) -> dict[str, Any]:
     """Run ``cfg`` writing results under ``out_dir``; ``resume`` continues from ``out_dir/checkpoint.pt``,
-    ``force`` replaces a run already there.
+    ``force`` replaces a run already there. ``command`` is the command line that runs it again, named by the
+    Ctrl-C message with ``--resume`` or ``--force`` added (default ``fedblend run OUT/config.toml --out OUT``;
+    ``fedblend pretrain`` passes its own).
 
     Raises the typed errors of :mod:`fedblend.common.errors` (and the data layer's) for every expected failure;
     Ctrl-C becomes :class:`RunInterrupted` saying how to resume. ``stop_after`` ends the call after that many
@@ -406,11 +409,12 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     check_out_dir(out, resume, force)  # before the lock creates anything
     with DirLock(out) as lock:
         check_out_dir(out, resume, force)  # again, now that no other process can change it
-        return _run_locked(cfg, out, data_dir, resume, progress, stop_after, backend, device, created=bool(lock.created))
+        return _run_locked(cfg, out, data_dir, resume, progress, stop_after, backend, device, created=bool(lock.created),
+                           command=command or f"fedblend run {out / 'config.toml'} --out {out}")
 
 
 def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, stop_after, backend, device: str,
-                created: bool) -> dict[str, Any]:
+                created: bool, command: str) -> dict[str, Any]:
     check_available(cfg.log)
     ck_path = out / FILENAME
     ck = load_checkpoint(ck_path) if resume else None
@@ -461,7 +465,8 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
         if fresh_nothing_done:
             _clear(out, created)
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
-            raise RunInterrupted(_interrupted(cfg, sim, out, start, fresh_nothing_done), sim.next_round) from None
+            raise RunInterrupted(_interrupted(cfg, sim, out, start, fresh_nothing_done, command),
+                                 sim.next_round) from None
         raise
     return summary
 
@@ -527,7 +532,7 @@ def config_header(identity: dict) -> str:
     return "".join(f"# {k}: {identity[k]}\n" for k in keys) + "\n"
 
 
-def _interrupted(cfg: RunConfig, sim: Simulation, out: Path, start: int, nothing_kept: bool) -> str:
+def _interrupted(cfg: RunConfig, sim: Simulation, out: Path, start: int, nothing_kept: bool, command: str) -> str:
     n = sim.next_round
     if nothing_kept:
         return f"interrupted before round 1 finished; nothing was kept in {out}"
@@ -535,8 +540,8 @@ def _interrupted(cfg: RunConfig, sim: Simulation, out: Path, start: int, nothing
     last_ck = max(start, (n // k) * k) if k > 0 else start
     if last_ck == 0:
         return (f"interrupted after round {n}; no checkpoint was written yet (checkpoint_every = {k}), so it "
-                f"cannot be resumed: run again with --force --out {out}")
-    return (f"interrupted after round {n}; resume with: fedblend run {out / 'config.toml'} --out {out} --resume"
+                f"cannot be resumed: run again with: {command} --force")
+    return (f"interrupted after round {n}; resume with: {command} --resume"
             + (f" (continues from the checkpoint of round {last_ck})" if last_ck != n else ""))
 
 

@@ -170,6 +170,8 @@ def parser() -> argparse.ArgumentParser:
     _common(pre)
     pre.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads (default 1, as run)")
     pre.add_argument("--quiet", action="store_true", help="no progress display")
+    pre.add_argument("--resume", action="store_true", help="continue an interrupted pre-training run from "
+                     "OUT.run/checkpoint.pt (same config; checkpoints every checkpoint_every rounds), then write OUT")
     pre.add_argument("--force", action="store_true", help="replace an earlier pre-training run in OUT.run")
     dep = sub.add_parser("deploy", help="run CONFIG on Flower: a SuperLink and N SuperNodes on loopback "
                                         "(needs pip install 'fedblend[flower]'; see docs/deploy.md)")
@@ -409,15 +411,21 @@ def _pretrain(cfg, args: argparse.Namespace) -> int:
         raise ConfigError("pretrain needs --out AGENT_FILE")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.resume and args.force:
+        raise ConfigError("--resume continues the pre-training run in OUT.run and --force replaces it: give one "
+                          "of them")
     cfg.options = method.pretrain_options(cfg.options)
-    cfg.checkpoint_every = cfg.rounds
+    if cfg.checkpoint_every == 0:  # the agent file is read from the last round's checkpoint
+        cfg.checkpoint_every = cfg.rounds
     out = Path(args.out)
     if out.is_dir() or out.name in ("", ".", ".."):
         raise ConfigError(f"pretrain --out {args.out} is a directory; give the agent file's path (e.g. agent.pt)")
     run_dir = out.with_name(out.name + ".run")
     progress = None if args.quiet else Progress(cfg.rounds, f"pretrain {cfg.label}")
+    again = f"fedblend pretrain {run_dir / 'config.toml'} --out {out}"  # what a Ctrl-C message tells to run
     with DirLock(run_dir, "pre-training run directory"):  # the run, then the agent file from its checkpoint
-        run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force)
+        run_experiment(cfg, run_dir, args.data_dir, progress=progress, force=args.force, resume=args.resume,
+                       command=again)
         method.save_pretrained(load_checkpoint(run_dir / FILENAME)["server"], out)
     print(f"agent file {out} (pre-training run in {run_dir})")
     return 0
