@@ -3,6 +3,8 @@ switches; plus the engine's before / after-training scores and rounds_to_target 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import pytest
@@ -282,6 +284,8 @@ def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
     assert data["agent"]["updates"] == 10  # rounds 1-2, 5 updates each (notes' schedule)
     assert "body = \"local\"" in (tmp_path / "agent.pt.run" / "config.toml").read_text()
     assert main(["run", *base, "--set", f"options.agent={str(agent)!r}", "--out", str(tmp_path / "run")]) == 0
+    inputs = json.loads((tmp_path / "run" / "summary.json").read_text())["run"]["inputs"]
+    assert inputs == {"options.agent": {"path": str(agent), "sha256": hashlib.sha256(agent.read_bytes()).hexdigest()}}
     assert main(["pretrain", "--set", "dataset=synthetic", "--out", str(agent)]) == 2
     assert "method = 'pfedrlla'" in capsys.readouterr().err
 

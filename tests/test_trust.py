@@ -55,6 +55,54 @@ def test_identity_recorded_in_summary_config_and_checkpoint(tmp_path):
     assert ck["extra"]["identity"]["config"] == run["config"]
 
 
+def test_identity_records_the_sha256_of_every_input_file_the_config_names(tmp_path):
+    """``init``, ``partition.path`` (a file or a folder) and file options (``options.agent``) are recorded by
+    path in the config and by content in the identity (summary, config.toml header, checkpoint); a run that
+    reads no such file records no ``inputs``."""
+    from fedblend.common.files import sha256_tree
+
+    plain = tmp_path / "plain"
+    run_experiment(_cfg(), plain)
+    assert "inputs" not in _strict(plain / "summary.json")["run"]
+    assert "# input " not in (plain / "config.toml").read_text()
+    weights = tmp_path / "w.pt"
+    torch.save(load_checkpoint(plain / "checkpoint.pt")["server"]["global"], weights)
+    first = tmp_path / "first"
+    run_experiment(_cfg(f'init="{weights}"', "partition.kind=indices", f'partition.path="{plain / "partition.json"}"'),
+                   first)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    part = hashlib.sha256((plain / "partition.json").read_bytes()).hexdigest()
+    run = _strict(first / "summary.json")["run"]
+    assert run["inputs"] == {"init": {"path": str(weights), "sha256": digest},
+                             "partition.path": {"path": str(plain / "partition.json"), "sha256": part}}
+    assert f"# input init: {weights} sha256 {digest}\n" in (first / "config.toml").read_text()
+    assert load_checkpoint(first / "checkpoint.pt")["extra"]["identity"]["inputs"] == run["inputs"]
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a").write_bytes(b"1")
+    (folder / "sub" / "b").write_bytes(b"2")
+    before = sha256_tree(folder)
+    (folder / "sub" / "b").write_bytes(b"3")
+    changed = sha256_tree(folder)
+    (folder / "sub" / "b").rename(folder / "b")
+    assert len({before, changed, sha256_tree(folder)}) == 3  # a changed file, a moved file: other hashes
+    assert sha256_tree(weights) == digest
+
+
+def test_resume_keeps_the_input_file_the_run_started_from_and_warns_when_it_changed(tmp_path):
+    plain = tmp_path / "plain"
+    run_experiment(_cfg(), plain)
+    weights = tmp_path / "w.pt"
+    torch.save(load_checkpoint(plain / "checkpoint.pt")["server"]["global"], weights)
+    started = hashlib.sha256(weights.read_bytes()).hexdigest()
+    cfg = _cfg(f'init="{weights}"')
+    run_experiment(cfg, tmp_path / "r", stop_after=1)
+    torch.save({k: v + 1 for k, v in torch.load(weights).items()}, weights)  # re-made in place
+    with pytest.warns(RuntimeWarning, match=r"init: .*w\.pt is not the file .* started from"):
+        run_experiment(cfg, tmp_path / "r", resume=True)
+    assert _strict(tmp_path / "r" / "summary.json")["run"]["inputs"]["init"]["sha256"] == started
+
+
 RESUME_CHANGES = [
     (["train.lr=0.5"], "train.lr: 0.01 -> 0.5"),
     (["seed=3"], "seed: 0 -> 3"),

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
 from fedblend.common.jsonio import dotted_keys
-from fedblend.common.options import ConfigError, check_value, from_table, to_table
+from fedblend.common.options import ConfigError, check_value, file_fields, from_table, to_table
 from fedblend.common.plugins import PluginError
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.sampling import SamplingConfig
@@ -161,6 +161,18 @@ class RunConfig:
 
     def build_method(self):
         return build_method(self.method, self.options, self.transforms)
+
+    def input_files(self) -> dict[str, str]:
+        """The files the run reads besides the dataset, by config key (``init``, ``partition.path``, a method or
+        transform option declared ``opt(..., file=True)`` such as pFedRLLA's ``options.agent``) -> the path as
+        configured. The config (and its hash) records the paths; the run identity records their contents'
+        sha256 (``fedblend.experiment.run_identity``)."""
+        out = {"init": self.init, "partition.path": self.partition.path if self.partition.kind == "indices" else ""}
+        base, parts = parse_method(self.method)
+        resolved = self.resolved()
+        for table, cls in [("options", METHODS[base].options_cls)] + [(p, TRANSFORMS[p].options_cls) for p in parts]:
+            out.update({f"{table}.{name}": resolved[table][name] for name in file_fields(cls)})
+        return {k: str(v) for k, v in out.items() if v}
 
     def resolved_device(self) -> str:
         """``device`` with ``"auto"`` resolved (cuda when available); ``"cuda"`` without a GPU is an error."""

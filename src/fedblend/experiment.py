@@ -20,7 +20,7 @@ Results directory (the run contract other tools rely on)::
                        global_accuracy (if a global model exists), the clients' spread (worst client, 10th
                        percentile, std at the final and headline rounds), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
-                       device, threads)
+                       device, threads, and the sha256 of each input file the config names: ``inputs``)
     checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
                        the identity it was written under
 
@@ -107,11 +107,44 @@ def git_commit() -> str | None:
 
 
 def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
-    """What produced a result: the resolved config and its hash, versions, git commit, device, threads."""
+    """What produced a result: the resolved config and its hash, versions, git commit, device, threads, and
+    (``inputs``, only when the config names one) the sha256 of each file the run reads besides the dataset: the
+    config records a path, the same path can hold another file (a re-made agent, a new init), and the hash tells
+    the two runs apart."""
     resolved = cfg.resolved()
-    return {"config_hash": config_hash(resolved), "config": resolved, "fedblend": fedblend.__version__,
-            "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
-            "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads()}
+    identity = {"config_hash": config_hash(resolved), "config": resolved, "fedblend": fedblend.__version__,
+                "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
+                "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads()}
+    inputs = input_digests(cfg)
+    if inputs:
+        identity["inputs"] = inputs
+    return identity
+
+
+def input_digests(cfg: RunConfig) -> dict[str, dict[str, str]]:
+    """``{config key: {"path", "sha256"}}`` of :meth:`RunConfig.input_files` (a directory: over its files,
+    :func:`fedblend.common.files.sha256_tree`). A path that does not exist is left out: the part that reads it
+    reports it, with its own message."""
+    out = {}
+    for key, path in cfg.input_files().items():
+        if Path(path).exists():
+            out[key] = {"path": path, "sha256": files.sha256_tree(path)}
+    return out
+
+
+def keep_start_inputs(identity: dict, old: dict, ck_path: Path) -> None:
+    """On ``--resume``: the identity keeps the input files the run started from (the checkpoint holds what was
+    read from them), with a warning for each that has changed since."""
+    if "inputs" not in old:
+        return
+    for key, was in old["inputs"].items():
+        now = identity.get("inputs", {}).get(key)
+        if now != was:
+            warnings.warn(f"{key}: {was['path']} is not the file {ck_path.parent} started from (sha256 "
+                          f"{was['sha256'][:12]}..., now {now['sha256'][:12] + '...' if now else 'missing'}); the run "
+                          f"continues from its checkpoint and records the file it started from", RuntimeWarning,
+                          stacklevel=3)
+    identity["inputs"] = old["inputs"]
 
 
 def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
@@ -422,6 +455,8 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
         check_resume(ck, cfg, ck_path)
         check_checkpoint_files(ck, out, ck_path)
     identity = run_identity(cfg, device)
+    if ck is not None:
+        keep_start_inputs(identity, (ck.get("extra") or {}).get("identity") or {}, ck_path)
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
@@ -529,7 +564,8 @@ def _finish(out: Path, sim: Simulation, summary: dict, identity: dict) -> None:
 def config_header(identity: dict) -> str:
     """Comment lines heading ``config.toml``: the hash and what produced the run (TOML ignores them)."""
     keys = ("config_hash", "fedblend", "torch", "numpy", "python", "git_commit", "device", "threads")
-    return "".join(f"# {k}: {identity[k]}\n" for k in keys) + "\n"
+    inputs = "".join(f"# input {k}: {v['path']} sha256 {v['sha256']}\n" for k, v in identity.get("inputs", {}).items())
+    return "".join(f"# {k}: {identity[k]}\n" for k in keys) + inputs + "\n"
 
 
 def _interrupted(cfg: RunConfig, sim: Simulation, out: Path, start: int, nothing_kept: bool, command: str) -> str:

@@ -134,6 +134,18 @@ def save_tensors(obj: Any, path: str | Path) -> None:
     write_atomic(path, tensor_bytes(obj))
 
 
+def sha256_tree(path: str | Path) -> str:
+    """The sha256 of a file, or of a directory's files: over each file's path relative to ``path`` (sorted, ``/``
+    separated) and its :func:`sha256_file`, so it changes when a file is added, removed, renamed or changed."""
+    root = Path(path)
+    if not root.is_dir():
+        return sha256_file(root)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def sha256_file(path: str | Path, sync: bool = False) -> str:
     """The sha256 of a file's bytes (``sync``: also flush the file to the disk)."""
     h = hashlib.sha256()

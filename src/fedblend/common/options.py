@@ -176,7 +176,14 @@ def to_table(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
 
 
-def opt(default: Any, help: str) -> Any:  # noqa: A002 (the dataclasses metadata key)
+def opt(default: Any, help: str, file: bool = False) -> Any:  # noqa: A002 (the dataclasses metadata key)
     """A documented option field, ``dataclasses.field(default=default, metadata={"help": help})``: the help is
-    what ``fedblend methods NAME`` prints and ``docs/config.md`` lists (plug-ins use the same)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+    what ``fedblend methods NAME`` prints and ``docs/config.md`` lists (plug-ins use the same). ``file``: the
+    value is a path the run reads (``""``: none), so the run records the file's sha256 beside its config
+    (:func:`file_fields`, ``fedblend.experiment.run_identity``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"file": True} if file else {})})
+
+
+def file_fields(options_cls: type) -> list[str]:
+    """The fields of an options dataclass declared ``opt(..., file=True)``: paths to files the run reads."""
+    return [f.name for f in dataclasses.fields(options_cls) if f.metadata.get("file")]

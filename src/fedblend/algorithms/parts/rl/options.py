@@ -62,7 +62,7 @@ class PFedRLLAOptions:
     noise: float = opt(0.03, "std of the Gaussian exploration noise on the actor's weights (then clipped at 0 and "
                              "renormalised)")
     # schedule (App. E and G / notes)
-    agent: str = opt("", 'a pre-trained agent file (``fedblend pretrain``); "" = no pre-training')
+    agent: str = opt("", 'a pre-trained agent file (``fedblend pretrain``); "" = no pre-training', file=True)
     random_rounds: int = opt(50, "without pre-training: random actions in the first rounds")
     update_every: int = opt(10, "agent updates every k rounds")
     updates: int = opt(5, "DDPG steps per update event without pre-training (notes)")
