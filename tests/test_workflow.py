@@ -75,6 +75,26 @@ def test_sweep_skips_finished_resumes_killed_and_restarts_uncheckpointed(tmp_pat
     assert other[0].action == "refuse" and "another config" in other[0].why
 
 
+def test_sweep_refuses_a_finished_run_whose_input_file_changed_since(tmp_path):
+    """A finished run of the same config is skipped only if the files it names (here ``init``) still hold what it
+    was made with: a re-made file at the same path makes the same config another run."""
+    import torch
+
+    from fedblend.cli.sweep import plan
+    from fedblend.core.checkpoint import load_checkpoint
+
+    cfg_path, out = _config(tmp_path), tmp_path / "sw"
+    run_experiment(load_config(cfg_path), tmp_path / "plain")
+    weights = tmp_path / "w.pt"
+    torch.save(load_checkpoint(tmp_path / "plain" / "checkpoint.pt")["server"]["global"], weights)
+    sets = [f"init='{weights}'"]
+    run_experiment(load_config(cfg_path, sets), out / "tiny-fedavg" / "seed0")
+    assert plan([str(cfg_path)], [0], [], sets, out)[0].action == "skip"
+    torch.save({k: v * 2 for k, v in torch.load(weights).items()}, weights)
+    refused = plan([str(cfg_path)], [0], [], sets, out)[0]
+    assert refused.action == "refuse" and "made with another init file" in refused.why and str(weights) in refused.why
+
+
 def test_sweep_grid_product_and_names(tmp_path):
     from fedblend.cli.sweep import parse_grid, plan
 

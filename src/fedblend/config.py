@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
+from fedblend.common.files import sha256_tree
 from fedblend.common.jsonio import dotted_keys
 from fedblend.common.options import ConfigError, check_value, file_fields, from_table, to_table
 from fedblend.common.plugins import PluginError
@@ -173,6 +174,13 @@ class RunConfig:
         for table, cls in [("options", METHODS[base].options_cls)] + [(p, TRANSFORMS[p].options_cls) for p in parts]:
             out.update({f"{table}.{name}": resolved[table][name] for name in file_fields(cls)})
         return {k: str(v) for k, v in out.items() if v}
+
+    def input_digests(self) -> dict[str, dict[str, str]]:
+        """``{config key: {"path", "sha256"}}`` of :meth:`input_files` (a folder: over its files,
+        :func:`fedblend.common.files.sha256_tree`). A path that does not exist is left out: the part that reads
+        it reports it, with its own message."""
+        return {key: {"path": path, "sha256": sha256_tree(path)} for key, path in self.input_files().items()
+                if Path(path).exists()}
 
     def resolved_device(self) -> str:
         """``device`` with ``"auto"`` resolved (cuda when available); ``"cuda"`` without a GPU is an error."""

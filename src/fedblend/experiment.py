@@ -115,21 +115,10 @@ def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
     identity = {"config_hash": config_hash(resolved), "config": resolved, "fedblend": fedblend.__version__,
                 "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
                 "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads()}
-    inputs = input_digests(cfg)
+    inputs = cfg.input_digests()
     if inputs:
         identity["inputs"] = inputs
     return identity
-
-
-def input_digests(cfg: RunConfig) -> dict[str, dict[str, str]]:
-    """``{config key: {"path", "sha256"}}`` of :meth:`RunConfig.input_files` (a directory: over its files,
-    :func:`fedblend.common.files.sha256_tree`). A path that does not exist is left out: the part that reads it
-    reports it, with its own message."""
-    out = {}
-    for key, path in cfg.input_files().items():
-        if Path(path).exists():
-            out[key] = {"path": path, "sha256": files.sha256_tree(path)}
-    return out
 
 
 def keep_start_inputs(identity: dict, old: dict, ck_path: Path) -> None:

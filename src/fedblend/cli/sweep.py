@@ -138,7 +138,7 @@ def plan(configs: list[str], seeds: list[int] | None, grid: list[str], sets: lis
                                       f"{other.seed} and {name} seed {seed}; remove the duplicate config, grid value "
                                       f"or seed")
                 hashes[h] = run
-                _decide(run, h, wait_busy)
+                _decide(run, h, wait_busy, cfg.input_digests())
                 run.cmd = [sys.executable, "-m", "fedblend.cli.main", "run", path, "--out", str(run.out), "--quiet",
                            "--threads", str(threads)]
                 run.cmd += [x for o in [*run.overrides, f"seed={seed}"] for x in ("--set", o)]
@@ -161,7 +161,7 @@ def _load(path: str, overrides: list[str]):
         raise ConfigError(f"{path}{' with ' + ' '.join(overrides) if overrides else ''}: {exc}") from exc
 
 
-def _decide(run: SweepRun, want_hash: str, wait_busy: float = 0.0) -> None:
+def _decide(run: SweepRun, want_hash: str, wait_busy: float = 0.0, inputs: dict | None = None) -> None:
     pid = wait_unlocked(run.out, wait_busy) if wait_busy > 0 else locked_by(run.out)
     if pid is not None:
         who = f"process {pid}" if pid else "another process"
@@ -173,9 +173,16 @@ def _decide(run: SweepRun, want_hash: str, wait_busy: float = 0.0) -> None:
         try:
             data = json.loads(summary.read_text())
             have, status = data.get("config_hash"), data.get("status", "finished")
+            made_with = (data.get("run") or {}).get("inputs") or {}
         except (OSError, ValueError, AttributeError):
-            have, status = None, None
-        if have == want_hash:  # a diverged run is not run again either: same config, same seed, same result
+            have, status, made_with = None, None, {}
+        changed = [k for k, v in (inputs or {}).items() if k in made_with and made_with[k] != v]
+        if have == want_hash and changed:  # the same config, but a file it names holds something else now
+            k = changed[0]
+            run.action, run.why = "refuse", (f"{run.out} holds a run of this config made with another {k} file "
+                                             f"({made_with[k]['path']}: sha256 {made_with[k]['sha256'][:12]}..., "
+                                             f"now {inputs[k]['sha256'][:12]}...); delete it or use another --out")
+        elif have == want_hash:  # a diverged run is not run again either: same config, same seed, same result
             run.action, run.why = "skip", "finished" if status == "finished" else f"{status}, see its summary.json"
         else:
             run.action, run.why = "refuse", (f"{run.out} holds a finished run of another config (hash {have}, this "
