@@ -258,6 +258,25 @@ def test_report_groups_by_config_hash_and_lists_unfinished(tmp_path, capsys):
     assert pending == [{"dir": str(runs / "unfinished"), "status": "unfinished", "last_round": 1, "reason": ""}]
 
 
+def test_report_rows_split_seeds_made_with_different_input_files(tmp_path):
+    """Two seeds of one config made with different ``init`` files are two rows, two seeds with the same file one."""
+    from fedblend.cli.report import group_key
+
+    plain = tmp_path / "plain"
+    run_experiment(_cfg(), plain)
+    weights = tmp_path / "w.pt"
+    torch.save(load_checkpoint(plain / "checkpoint.pt")["server"]["global"], weights)
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        run_experiment(_cfg(f'init="{weights}"', f"seed={seed}"), runs / f"a{seed}")
+    torch.save({k: v * 2 for k, v in torch.load(weights).items()}, weights)
+    run_experiment(_cfg(f'init="{weights}"', "seed=2"), runs / "b2")
+    keys = {d.name: group_key(_strict(d / "summary.json")) for d in runs.iterdir()}
+    assert keys["a0"] == keys["a1"] != keys["b2"]
+    assert group_key(_strict(plain / "summary.json"))[1] == config_hash(  # runs without input files: as before
+        {k: v for k, v in _strict(plain / "summary.json")["run"]["config"].items() if k != "seed"})
+
+
 # ------------------------------------------------------------------------------------------------ selection
 def test_select_val_picks_the_round_a_hand_made_history_says():
     history = [{"round": 1, "acc": 0.50, "val_acc": 0.40},

@@ -4,7 +4,8 @@ Std is the sample standard deviation over seeds (ddof = 1), in the table and in 
 Runs are grouped by their label (config ``name``, or dataset-partition-method) and the hash of their resolved
 config without its seed (:func:`group_key`; the "config" column): every seed of one config becomes one row with best
 and final personalized accuracy, global accuracy where a global model exists, and seconds per round. Two runs
-of one label with different settings are two rows (the hash tells them apart); a seed that appears twice in a
+of one label with different settings are two rows (the hash tells them apart), and so are runs made with
+different files at a path the config names (the hash covers the recorded ``run.inputs`` sha256); a seed that appears twice in a
 row is warned about; runs without a finished summary (interrupted, or stopped by a non-finite update) are
 listed with their last round instead of being averaged.
 
@@ -86,12 +87,18 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
 
 
 def group_key(summary: dict) -> tuple[str, str]:
-    """(label, hash of the resolved config without its seed): the seeds of one config share it."""
+    """(label, hash of the resolved config without its seed, and of the input files' sha256 where the run
+    recorded any): the seeds of one config share it; runs made with another file at a path the config names (a
+    re-made agent or init file) are another row."""
     run = summary.get("run")
     cfg = run.get("config") if isinstance(run, dict) else None
     if not isinstance(cfg, dict):
         return summary.get("label", summary.get("method", "?")), "-"
-    return summary.get("label", summary["method"]), config_hash({k: v for k, v in cfg.items() if k != "seed"})
+    keyed = {k: v for k, v in cfg.items() if k != "seed"}
+    inputs = run.get("inputs")
+    if isinstance(inputs, dict) and inputs:
+        keyed["inputs"] = {k: v.get("sha256") if isinstance(v, dict) else v for k, v in inputs.items()}
+    return summary.get("label", summary["method"]), config_hash(keyed)
 
 
 def last_round(run: Path) -> int:
