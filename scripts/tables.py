@@ -79,6 +79,7 @@ class Table:
     gains: bool = False  # ALA tables: a "gain" cell for X+ala rows over X
     scale: float = 100.0  # cell values are the metric times this (accuracies in %; 1.0 for rounds)
     missing: str = "-"  # a finished run whose metric is null (e.g. a target never reached)
+    digits: int = 2  # decimals of a cell's mean and std (1 for rounds)
 
 
 def _paper(pat: float | None, dr: float | None) -> dict[str, float]:
@@ -133,7 +134,7 @@ T4_ROWS = (("local", "Local-only"), ("fedavg", "FedAvg"), ("fedavg-ft", "FedAvg-
 T4 = Table("t4", "docs/benchmarks.md", "results/t4", T4_COLUMNS, tuple(Row(k, label) for k, label in T4_ROWS))
 T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
                   tuple(Row(k, label, metric="rounds_to_target") for k, label in T4_ROWS), scale=1.0,
-                  missing="target not reached")
+                  missing="target not reached", digits=1)
 
 # T2 (FedALP Table 2: 100 one-class clients, MNIST-NN, 600 rounds): columns are the datasets, rows FedAvg, FedALP's
 # global and local (personalized) models, FedAvg on IID data, and FedALP with M = 3 (not in the paper). Runs are
@@ -177,7 +178,7 @@ def diverged_note(runs: list[dict]) -> str:
 
 
 def cell(summaries: list[dict], metric: str, paper: float | None, scale: float = 100.0, missing: str = "-",
-         diverged: list[dict] | None = None) -> str:
+         diverged: list[dict] | None = None, digits: int = 2) -> str:
     """``mean ± std`` (sample std over seeds) of the metric times ``scale`` (% by default), the seed count when
     under 3, the paper's number in brackets; runs whose metric is null are counted as ``missing`` (e.g. "not
     reached: 2 of 3 seeds"); ``diverged`` runs are named with their seed and round, never averaged."""
@@ -193,7 +194,7 @@ def cell(summaries: list[dict], metric: str, paper: float | None, scale: float =
     elif not vals:
         text = missing
     else:
-        text = mean_std_cell(vals, scale)
+        text = mean_std_cell(vals, scale, digits)
     if vals and len(vals) < 3:
         text += f" ({len(vals)} seed{'s' if len(vals) > 1 else ''})"
     if vals and nulls:
@@ -256,7 +257,7 @@ def render(table: Table, repo: Path = REPO) -> str:
         cells = [row.label]
         for c, _ in table.columns:
             cells.append(cell(row.runs(table, c, repo), row.metric, row.paper.get(c), table.scale,
-                              table.missing, row.runs(table, c, repo, "diverged")))
+                              table.missing, row.runs(table, c, repo, "diverged"), table.digits))
         if table.gains:
             if row.key.endswith("+ala"):
                 host = next(r for r in table.rows if r.key == row.key[:-4])

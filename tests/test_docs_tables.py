@@ -159,7 +159,7 @@ def test_t4_rounds_to_target_counts_the_seeds_that_never_reached_it(tmp_path, ta
              rounds_to_target=hit)
     _run(tmp_path, "results/t4/fmnist-pat2/local", 0, method="local", best_accuracy=0.8, rounds_to_target=None)
     rounds = tables.render(tables.T4_ROUNDS, tmp_path)
-    assert ("| pFedRLLA (agent not pre-trained) | 50.00 ± 14.14 (2 seeds); target not reached: 1 of 3 seeds "
+    assert ("| pFedRLLA (agent not pre-trained) | 50.0 ± 14.1 (2 seeds); target not reached: 1 of 3 seeds "
             "| not run | not run |") in rounds
     assert "| Local-only | target not reached | not run | not run |" in rounds
     assert "| pFedRLLA (agent not pre-trained) | 90.00 ± 0.00 | not run | not run |" in tables.render(tables.T4, tmp_path)

@@ -118,12 +118,12 @@ def unfinished(runs: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def mean_std_cell(values: list[float], scale: float = 100.0) -> str:
+def mean_std_cell(values: list[float], scale: float = 100.0, digits: int = 2) -> str:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return "-"
     a = np.asarray(vals) * scale
-    return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}" if len(a) > 1 else f"{a.mean():.2f}"
+    return f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}" if len(a) > 1 else f"{a.mean():.{digits}f}"
 
 
 def aggregate(runs: list[Path], key=group_key) -> list[dict[str, Any]]:
