@@ -291,7 +291,8 @@ def test_cli_pretrain_then_run_with_the_agent(tmp_path, capsys):
 
 
 def test_cli_pretrain_interrupted_resumes_with_the_command_it_names_to_the_same_agent(tmp_path, capsys, monkeypatch):
-    """A pre-training run that spans sessions: Ctrl-C after round 2 names ``fedblend pretrain ... --resume``
+    """A pre-training run that spans sessions: Ctrl-C after round 3 (last checkpoint: round 2) names
+    ``fedblend pretrain ... --resume``
     (not ``fedblend run``, which would finish the run without writing the agent file), and that command writes
     the agent an uninterrupted pre-training writes."""
     import fedblend.progress
