@@ -32,6 +32,9 @@ METHODS = {
     "fedala": ("fedala", {"eta": 1.0, "s": 80.0, "p": 4}),  # App. B.2: all layers, 80% of the data, lr 1
     "pfedrlla": ("pfedrlla", {}),
 }
+# MNIST* (App. B.1): one domain per client, the share of clients per domain at test and pre-training (App. D (d))
+MNIST_STAR_TEST = {"kind": "domains", "domain_shares": [0.4, 0.4, 0.2]}
+MNIST_STAR_PRETRAIN = {"kind": "domains", "domain_shares": [0.3, 0.3, 0.4]}
 # ablations on FMNIST pat2 (Table 2 / 7, Table 5, Fig. 6)
 ABLATIONS = {
     "pfedrlla-none": {"body": "mean", "head_weights": "mean"},
@@ -90,12 +93,21 @@ def main() -> None:
         name = f"t4-fmnist-pat2-{aname}"
         made.append((name, config(name, "pfedrlla", "fmnist", PARTITIONS["pat2"], opts, DATASETS["fmnist"],
                                   head + "; ablation")))
+    star = head + "; MNIST* = MNIST / USPS / mnist-texture (a stand-in for MNIST-M), one domain per client"
     for mname in ("fedavg", "fedavg-ft", "fedala", "pfedrlla"):  # MNIST* (App. B.1; stand-in for MNIST-M)
         method, opts = METHODS[mname]
         name = f"t4-mnist_star-domains-{mname}"
-        made.append((name, config(name, method, "mnist_star", {"kind": "domains", "domain_shares": [0.4, 0.4, 0.2]},
-                                  opts, 0.9, head + "; MNIST* = MNIST / USPS / mnist-texture (a stand-in for "
-                                  "MNIST-M), one domain per client")))
+        made.append((name, config(name, method, "mnist_star", MNIST_STAR_TEST, opts, 0.9, star)))
+    # App. D (d): MNIST*'s agent is pre-trained with 30 / 30 / 40 % of the clients on MNIST / USPS / MNIST-M and
+    # tested with 40 / 40 / 20 %
+    name = "t4-mnist_star-domains-pretrain"
+    made.append((name, config(name, "pfedrlla", "mnist_star", MNIST_STAR_PRETRAIN, {}, 0.9,
+                              star + "; pre-training scenario (App. D: 30 / 30 / 40 % of the clients); run with "
+                              "`fedblend pretrain`")))
+    name = "t4-mnist_star-domains-pfedrlla-pretrained"
+    made.append((name, config(name, "pfedrlla", "mnist_star", MNIST_STAR_TEST, {"agent": "agents/t4-mnist_star.pt"},
+                              0.9, star + "; agent file from: fedblend pretrain configs/t4/"
+                              "t4-mnist_star-domains-pretrain.toml --out agents/t4-mnist_star.pt")))
     name = "t4-fmnist-nine-clients-pfedrlla"  # App. F.3 / Fig. 3: nine clients, full participation
     made.append((name, config(name, "pfedrlla", "fmnist", {"kind": "pathological", "classes_per_client": 2}, {},
                               DATASETS["fmnist"], "App. F.3 / Fig. 3: nine clients, full participation; "
