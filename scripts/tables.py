@@ -51,7 +51,8 @@ class Row:
     FedAvg-FT runs, which train exactly like FedAvg: ``tests/test_fedavg.py`` checks it bit for bit); ``root``
     reads them under another table's results root (``results/t1``: a row whose runs are another table's runs of
     the same config and column, e.g. the ALA table's FedPHP host, which is T1's FedPHP row), so one run is
-    committed once."""
+    committed once; ``columns`` (when not empty) names the only columns the row applies to, and its cell in
+    the others reads "n/a" (T4's transfer row: an agent pre-trained on another dataset than the column's)."""
 
     key: str
     label: str
@@ -59,6 +60,10 @@ class Row:
     metric: str = "best_accuracy"
     folder: str | None = None
     root: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def applies(self, column: str) -> bool:
+        return not self.columns or column in self.columns
 
     @property
     def where(self) -> str:
@@ -128,13 +133,19 @@ ALA = Table("ala", "docs/benchmarks.md", "results/ala", (("dir", "T1 Dir(0.1)"),
 # agent (the row folder is the `collect --row` name). No published numbers here (its paper has no FMNIST / MNIST rows).
 T4_COLUMNS = (("fmnist-pat2", "FMNIST pathological s = 2"), ("mnist-domains", "MNIST*"),
               ("fmnist-dir0.1", "FMNIST Dir(0.1)"))
+# agent pre-trained on the column's dataset (App. D) -- the FMNIST agent on MNIST* is the transfer row (App. F.2's
+# "new scenario": pre-trained on another dataset), which only the MNIST* column has
 T4_ROWS = (("local", "Local-only"), ("fedavg", "FedAvg"), ("fedavg-ft", "FedAvg-FT"), ("fedala", "FedALA"),
            ("ditto", "Ditto"), ("apfl", "APFL"), ("fedbabu", "FedBABU"), ("fedphp", "FedPHP"),
-           ("pfedrlla", "pFedRLLA (agent not pre-trained)"), ("pfedrlla-pretrained", "pFedRLLA (pre-trained agent)"))
-T4 = Table("t4", "docs/benchmarks.md", "results/t4", T4_COLUMNS, tuple(Row(k, label) for k, label in T4_ROWS))
+           ("pfedrlla", "pFedRLLA (agent not pre-trained)"), ("pfedrlla-pretrained", "pFedRLLA (pre-trained agent)"),
+           ("pfedrlla-transfer", "pFedRLLA (agent pre-trained on FMNIST s = 4: new scenario)"))
+T4_ONLY = {"pfedrlla-transfer": ("mnist-domains",)}
+T4_MINE = tuple(k for k, _ in T4_ROWS if k.startswith("pfedrlla"))  # the verdict's pFedRLLA rows
+T4 = Table("t4", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
+           tuple(Row(k, label, columns=T4_ONLY.get(k, ())) for k, label in T4_ROWS))
 T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
-                  tuple(Row(k, label, metric="rounds_to_target") for k, label in T4_ROWS), scale=1.0,
-                  missing="target not reached", digits=1)
+                  tuple(Row(k, label, metric="rounds_to_target", columns=T4_ONLY.get(k, ())) for k, label in T4_ROWS),
+                  scale=1.0, missing="target not reached", digits=1)
 
 # T2 (FedALP Table 2: 100 one-class clients, MNIST-NN, 600 rounds): columns are the datasets, rows FedAvg, FedALP's
 # global and local (personalized) models, FedAvg on IID data, and FedALP with M = 3 (not in the paper). Runs are
@@ -257,7 +268,8 @@ def render(table: Table, repo: Path = REPO) -> str:
         cells = [row.label]
         for c, _ in table.columns:
             cells.append(cell(row.runs(table, c, repo), row.metric, row.paper.get(c), table.scale,
-                              table.missing, row.runs(table, c, repo, "diverged"), table.digits))
+                              table.missing, row.runs(table, c, repo, "diverged"), table.digits)
+                         if row.applies(c) else "n/a")
         if table.gains:
             if row.key.endswith("+ala"):
                 host = next(r for r in table.rows if r.key == row.key[:-4])
@@ -383,7 +395,7 @@ def render_validation(repo: Path = REPO) -> str:
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
              "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
              "t4-verdict": ("docs/benchmarks.md",
-                            lambda repo=REPO: render_verdict(T4, ("pfedrlla", "pfedrlla-pretrained"), repo)),
+                            lambda repo=REPO: render_verdict(T4, T4_MINE, repo)),
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 

@@ -217,3 +217,20 @@ def test_t4_verdict_is_the_best_pfedrlla_row_against_the_best_other_paired_by_se
                           "FedAvg-FT: 91.00 (2 seeds) | +1.00 [")  # +2 and 0 per seed: mean +1, a wide interval
     assert row.endswith("(2 seeds) |")
     assert "| MNIST* | not run | not run | - |" in lines
+
+
+def test_t4_transfer_row_applies_only_to_mnist_star_and_counts_in_its_verdict(tmp_path, tables):
+    """The FMNIST-pre-trained agent run on MNIST* (App. F.2's new scenario) is a row of the MNIST* column only: "n/a"
+    in the FMNIST columns (there it is the pre-trained row), and the verdict weighs it as a pFedRLLA row."""
+    col = "results/t4/mnist-domains"
+    for seed, (transfer, local) in enumerate([(0.95, 0.93), (0.96, 0.92)]):
+        _run(tmp_path, f"{col}/pfedrlla-transfer", seed, method="pfedrlla", best_accuracy=transfer)
+        _run(tmp_path, f"{col}/local", seed, method="local", best_accuracy=local)
+    _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla-transfer", 0, method="pfedrlla", best_accuracy=0.5)  # not read
+    row = next(x for x in tables.render(tables.T4, tmp_path).splitlines() if x.startswith("| pFedRLLA (agent pre"
+                                                                                       "-trained on FMNIST"))
+    assert row.endswith("| n/a | 95.50 ± 0.71 (2 seeds) | n/a |")
+    verdict = tables.render_verdict(tables.T4, tables.T4_MINE, tmp_path).splitlines()
+    line = next(x for x in verdict if x.startswith("| MNIST* |"))
+    assert line.startswith("| MNIST* | pFedRLLA (agent pre-trained on FMNIST s = 4: new scenario): 95.50 (2 seeds) | "
+                           "Local-only: 92.50 (2 seeds) | +3.00 [")
