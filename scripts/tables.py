@@ -147,6 +147,26 @@ T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
                   tuple(Row(k, label, metric="rounds_to_target", columns=T4_ONLY.get(k, ())) for k, label in T4_ROWS),
                   scale=1.0, missing="target not reached", digits=1)
 
+# T4's ablations (issue #25; pFedRLLA Table 2 / 7: which part the agent or the size weights aggregate; Table 5: one
+# reward weight at zero; Fig. 6: the embedding), FMNIST pathological s = 2 at the T4 budget. Runs are collected with
+# ``collect RUNS results/t4/ablations/fmnist-pat2 --row pfedrlla-<variant>``; "Both" is T4's pFedRLLA row.
+T4_ABLATIONS = Table("t4-ablations", "docs/benchmarks.md", "results/t4/ablations",
+                     (("fmnist-pat2", "FMNIST pathological s = 2"),), (
+    Row("pfedrlla-none", "None: body and head averaged (FedAvg's aggregation)"),
+    Row("pfedrlla-body", "Body: body by data size, head averaged"),
+    Row("pfedrlla-head", "Head: body averaged, head by the agent"),
+    Row("pfedrlla", "Both: pFedRLLA (body by data size, head by the agent)", root="results/t4"),
+    Row("pfedrlla-drl", "DRL: the agent's weights on the whole network"),
+    Row("pfedrlla-b1zero", "reward weights (0, 1, 2): no r1 (accuracy)"),
+    Row("pfedrlla-b2zero", "reward weights (1, 0, 2): no r2"),
+    Row("pfedrlla-b3zero", "reward weights (1, 1, 0): no r3"),
+    Row("pfedrlla-pca", "embedding: PCA of the flattened head"),
+    Row("pfedrlla-flat", "embedding: MLP auto-encoder (not the multi-head LSTM one)"),
+))
+#: BP / AP of the ablation table: the mean over the last rounds of a run of ``bp_acc`` / ``ap_acc`` (each round's
+#: participants pooled, before / after their local training), so that about every client is counted once
+ABLATION_LAST = 10
+
 # T2 (FedALP Table 2: 100 one-class clients, MNIST-NN, 600 rounds): columns are the datasets, rows FedAvg, FedALP's
 # global and local (personalized) models, FedAvg on IID data, and FedALP with M = 3 (not in the paper). Runs are
 # collected with ``collect RUNS results/t2/<mnist|fmnist> --row <fedavg|fedalp|fedavg-iid|fedalp-m3>``.
@@ -307,6 +327,34 @@ def render_verdict(table: Table, mine: tuple[str, ...], repo: Path = REPO) -> st
     return "\n".join(lines)
 
 
+def last_rounds_mean(run: Path, key: str, last: int) -> float | None:
+    """Mean of ``key`` in the run's metrics.jsonl over its last ``last`` rounds that record it (None: none do)."""
+    vals = list(_curve(run / "metrics.jsonl", key).items())[-last:]
+    return float(np.mean([v for _, v in vals])) if vals else None
+
+
+def render_ablation(table: Table, last: int = ABLATION_LAST, repo: Path = REPO) -> str:
+    """One row per variant of the table's single column: BP and AP (:func:`last_rounds_mean` of ``bp_acc`` /
+    ``ap_acc``), the best personalized accuracy over all clients and the rounds to the target, each a
+    :func:`cell` over the variant's seeds (pFedRLLA Table 2 reports BP and AP)."""
+    (column, _), = table.columns
+    lines = [f"| variant | BP (before local training; mean of the last {last} rounds) | AP (after) | "
+             "best personalized accuracy | rounds to the target |", "|---|---|---|---|---|"]
+    for row in table.rows:
+        folder = repo / (row.root or table.root) / column / row.where
+        runs = []
+        for summary in row.runs(table, column, repo):
+            run = folder / f"seed{summary['seed']}"
+            runs.append({**summary, "bp_last": last_rounds_mean(run, "bp_acc", last),
+                         "ap_last": last_rounds_mean(run, "ap_acc", last)})
+        diverged = row.runs(table, column, repo, "diverged")
+        cells = [cell(runs, "bp_last", None, diverged=diverged), cell(runs, "ap_last", None, diverged=diverged),
+                 cell(runs, row.metric, None, diverged=diverged),
+                 cell(runs, "rounds_to_target", None, 1.0, "target not reached", diverged, 1)]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def validation_rows(repo: Path = REPO) -> list[dict]:
     """Per method under results/validation: our and the reference's per-round accuracy, compared round by round
     (ours: the metric ``reference.json`` names in ``fedblend_metric``, default ``acc``)."""
@@ -396,6 +444,7 @@ RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, 
              "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
              "t4-verdict": ("docs/benchmarks.md",
                             lambda repo=REPO: render_verdict(T4, T4_MINE, repo)),
+             "t4-ablations": ("docs/benchmarks.md", lambda repo=REPO: render_ablation(T4_ABLATIONS, repo=repo)),
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 

@@ -234,3 +234,24 @@ def test_t4_transfer_row_applies_only_to_mnist_star_and_counts_in_its_verdict(tm
     line = next(x for x in verdict if x.startswith("| MNIST* |"))
     assert line.startswith("| MNIST* | pFedRLLA (agent pre-trained on FMNIST s = 4: new scenario): 95.50 (2 seeds) | "
                            "Local-only: 92.50 (2 seeds) | +3.00 [")
+
+
+def test_t4_ablation_bp_and_ap_average_the_last_rounds_and_both_is_the_t4_pfedrlla_row(tmp_path, tables):
+    """BP / AP of an ablation variant are the means of ``bp_acc`` / ``ap_acc`` over its run's last
+    ``ABLATION_LAST`` rounds (earlier rounds and rounds without them left out); the "Both" row reads T4's own
+    pFedRLLA runs."""
+    run = _run(tmp_path, "results/t4/ablations/fmnist-pat2/pfedrlla-head", 0, method="pfedrlla",
+               best_accuracy=0.97, rounds_to_target=30)
+    last = tables.ABLATION_LAST
+    rows = [{"round": r, "bp_acc": 0.0, "ap_acc": 0.0} for r in range(1, 11)]  # too early: not averaged
+    rows += [{"round": 10 + r, "bp_acc": 0.5 + 0.02 * r, "ap_acc": 0.9} for r in range(1, last + 1)]
+    rows.insert(12, {"round": 12, "acc": 0.5})  # an evaluation-only line: no bp_acc
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla", 0, method="pfedrlla", best_accuracy=0.98, rounds_to_target=20)
+    text = tables.render_ablation(tables.T4_ABLATIONS, repo=tmp_path).splitlines()
+    head = next(x for x in text if x.startswith("| Head:"))
+    bp = 100 * (0.5 + 0.02 * (last + 1) / 2)  # mean of 0.52 ... 0.50 + 0.02 * last
+    assert head.endswith(f"| {bp:.2f} (1 seed) | 90.00 (1 seed) | 97.00 (1 seed) | 30.0 (1 seed) |")
+    both = next(x for x in text if x.startswith("| Both:"))
+    assert both.endswith("| - | - | 98.00 (1 seed) | 20.0 (1 seed) |")  # its metrics.jsonl here has no bp_acc
+    assert "| None: body and head averaged (FedAvg's aggregation) | not run | not run | not run | not run |" in text
