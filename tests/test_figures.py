@@ -133,6 +133,32 @@ def test_report_table_names_the_method_of_runs_that_share_a_config_name(tmp_path
     assert "see the method and config columns" in table
 
 
+def test_report_rounds_to_target_counts_the_seeds_that_reached_it_and_appears_only_with_a_target(tmp_path):
+    """``eval.target``'s rounds to target (pFedRLLA's convergence claim): mean ± std over the seeds that reached
+    it, how many did, the target itself; a table whose runs set no target has no such column, in every format."""
+    from fedblend.cli.report import report
+
+    root = tmp_path / "runs"
+    for label, hits in (("fast", (20, 40, None)), ("never", (None, None)), ("plain", ())):
+        for seed, hit in enumerate(hits or (None,)):
+            d = root / label / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc": 0.9, "loss": 0.3}) + "\n")
+            target = {"target_accuracy": 0.85, "rounds_to_target": hit} if hits else {}
+            (d / "summary.json").write_text(json.dumps({
+                "status": "finished", "label": label, "method": "fedavg", "seed": seed, "rounds": 50,
+                "best_accuracy": 0.9, "final_accuracy": 0.9, "seconds_per_round": 1.0, **target,
+                "run": {"config": {"method": "fedavg", "name": label, "seed": seed}}}))
+    table = report([root], tmp_path / "rep", plots=False)
+    assert "| client p10 % | rounds to target | s/round |" in table
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[-2] for line in table.splitlines()[2:] if line}
+    assert cells == {"fast": "30.0 ± 14.1 to 85% (2 of 3 seeds)", "never": "not reached (85%)", "plain": "-"}
+    assert "rounds to target" in (tmp_path / "rep" / "table.csv").read_text().splitlines()[0]
+    assert "rounds to target" in (tmp_path / "rep" / "table.tex").read_text()
+    plain = report([root / "plain"], None, plots=False)
+    assert "rounds to target" not in plain and "| client p10 % | s/round |" in plain
+
+
 def test_compare_with_fewer_than_three_seeds_warns_that_the_interval_means_little(tmp_path, capsys):
     from fedblend.cli.main import main
 

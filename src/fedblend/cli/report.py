@@ -155,6 +155,7 @@ def aggregate(runs: list[Path], key=group_key) -> list[dict[str, Any]]:
             "s_per_round": mean_std_cell([s["seconds_per_round"] for s in ss], 1.0),
             "worst_client": mean_std_cell([s.get("final_acc_client_worst") for s in ss]),
             "p10_client": mean_std_cell([s.get("final_acc_client_p10") for s in ss]),
+            "to_target": rounds_to_target_cell(ss),
             "best_mean": _mean_or_none([s["best_accuracy"] for s in ss]),
             "by_seed": {s["seed"]: {k: s.get(k) for k in COMPARED} for s in ss},
             "dirs": [s["_dir"] for s in ss],
@@ -185,6 +186,22 @@ def legend_labels(rows: list[dict]) -> list[str]:
     return out
 
 
+def rounds_to_target_cell(summaries: list[dict]) -> str:
+    """``eval.target``'s convergence count over a group's seeds: the mean ± std of ``rounds_to_target`` over the
+    seeds that reached the target, then the target (``20.0 ± 0.0 to 85%``), with ``(2 of 3 seeds)`` when some did
+    not, ``not reached (85%)`` when none did, and ``-`` when the runs set no target. Rounds are counted at the
+    evaluated rounds, so with ``eval.every = 10`` a count is a multiple of 10."""
+    targets = sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None})
+    if not targets:
+        return "-"
+    target = "/".join(f"{100 * t:g}%" for t in targets)
+    hits = [s["rounds_to_target"] for s in summaries if s.get("rounds_to_target") is not None]
+    if not hits:
+        return f"not reached ({target})"
+    text = f"{mean_std_cell(hits, 1.0, 1)} to {target}"
+    return text + (f" ({len(hits)} of {len(summaries)} seeds)" if len(hits) < len(summaries) else "")
+
+
 def _mean_or_none(values: list) -> float | None:
     vals = [v for v in values if v is not None]
     return float(np.mean(vals)) if vals else None
@@ -194,12 +211,22 @@ COMPARED = ("best_accuracy", "final_accuracy", "global_best_accuracy", "global_f
 COLUMNS = [("label", "run"), ("method", "method"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"),
            ("best", "best acc %"), ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
            ("worst_client", "worst client %"), ("p10_client", "client p10 %"), ("s_per_round", "s/round")]
+#: shown after "client p10 %" when a row's runs set ``eval.target`` (:func:`rounds_to_target_cell`)
+TARGET_COLUMN = ("to_target", "rounds to target")
+
+
+def columns(rows: list[dict]) -> list[tuple[str, str]]:
+    """The table's columns: :data:`COLUMNS`, with :data:`TARGET_COLUMN` where some row's runs set a target."""
+    if not any(r.get("to_target", "-") != "-" for r in rows):
+        return COLUMNS
+    return COLUMNS[:-1] + [TARGET_COLUMN] + COLUMNS[-1:]
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(str(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+    cols = columns(rows)
+    head = "| " + " | ".join(h for _, h in cols) + " |"
+    sep = "|" + "|".join("---" for _ in cols) + "|"
+    body = ["| " + " | ".join(str(r[k]) for k, _ in cols) + " |" for r in rows]
     return "\n".join([head, sep] + body) + "\n"
 
 
@@ -211,14 +238,15 @@ def csv_table(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     nums = [f"{k}_{stat}" for k in ("best_accuracy", "final_accuracy") for stat in ("mean", "std")]
-    w.writerow([h for _, h in COLUMNS] + nums)
+    cols = columns(rows)
+    w.writerow([h for _, h in cols] + nums)
     for r in rows:
         extra = []
         for k in ("best_accuracy", "final_accuracy"):
             vals = np.array([v[k] for v in r["by_seed"].values() if v.get(k) is not None], dtype=float) * 100
             extra += [f"{vals.mean():.4f}" if len(vals) else "",
                       f"{vals.std(ddof=1):.4f}" if len(vals) > 1 else ""]
-        w.writerow([r[k] for k, _ in COLUMNS] + extra)
+        w.writerow([r[k] for k, _ in cols] + extra)
     return buf.getvalue()
 
 
@@ -231,9 +259,10 @@ def latex_table(rows: list[dict]) -> str:
             text = text.replace(ch, "\\" + ch)
         return text.replace("±", "$\\pm$")
 
-    lines = ["\\begin{tabular}{l" + "r" * (len(COLUMNS) - 1) + "}", "\\toprule",
-             " & ".join(esc(h) for _, h in COLUMNS) + " \\\\", "\\midrule"]
-    lines += [" & ".join(esc(r[k]) for k, _ in COLUMNS) + " \\\\" for r in rows]
+    cols = columns(rows)
+    lines = ["\\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", "\\toprule",
+             " & ".join(esc(h) for _, h in cols) + " \\\\", "\\midrule"]
+    lines += [" & ".join(esc(r[k]) for k, _ in cols) + " \\\\" for r in rows]
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 
