@@ -13,6 +13,12 @@ Writes into DIR (default RUN_DIR):
   projected to 2-D, coloured by the client's label group (Fig. 6); printed: within / between group distance ratio;
 * ``pfedrlla_time.png``: the server's time per round (embedding, agent, aggregation) beside the clients' training
   time (App. E); printed: the server's share.
+
+Printed from the checkpoint's agent (:func:`policy_diagnostics`, over the replay buffer's last states): how much
+the state tells clients apart (the spread of the embeddings in a state against their common part, the cosine of a
+client's embedding to the previous participants', and how far Eq. 2's target ``V`` is from uniform) and whether
+the actor uses it (the share of its ``tanh`` outputs at the bounds, the spread of its weights over states, and
+its mean weight per slot).
 """
 
 from __future__ import annotations
@@ -144,6 +150,59 @@ def embeddings_plot(run: Path, groups: list[frozenset], out: Path, data_dir: str
     plt.close(fig)
 
 
+def policy_diagnostics(agent: dict, last: int = 300) -> dict:
+    """What the agent's state carries and what its actor does with it, over the replay buffer's last ``last``
+    states (each the ``K'`` embeddings then the client's own, ``learner.choose_actions``):
+
+    * ``spread``: mean over states of the embeddings' distance to their mean / the mean's norm (0: the state
+      cannot tell the clients apart);
+    * ``cos_mean`` / ``cos_min``: cosine of the client's embedding to each previous participant's (Eq. 2's input);
+    * ``target_max_dev``: the largest distance of Eq. 2's ``V`` from uniform (1 / (K' + 1)) over states and slots;
+    * ``saturated``: share of the actor's ``tanh`` outputs beyond 0.99 in absolute value (there its gradient
+      vanishes);
+    * ``weight_std``: the largest standard deviation over states of a slot's weight (0: one action for every
+      state);
+    * ``weight_mean``: the actor's mean weight per slot (the last slot is the client's own head).
+    """
+    from fedblend.algorithms.parts.nets import mlp
+    from fedblend.algorithms.parts.rl.rewards import similarity_target
+
+    obs = agent["buffer"]["obs"][-last:].double()
+    if obs.shape[0] == 0:
+        return {}
+    slots = int(agent["act_dim"])
+    e = obs.reshape(obs.shape[0], slots, -1)
+    mean = e.mean(1, keepdim=True)
+    cos = torch.nn.functional.cosine_similarity(e[:, :-1], e[:, -1:], dim=2)
+    targets = torch.stack([similarity_target(x[:-1], x[-1]) for x in e]).double()
+    actor = {k: v.double() for k, v in agent["actor"].items()}
+    with torch.no_grad():
+        squashed = torch.tanh(mlp(actor, obs))
+        weights = torch.softmax(squashed, dim=-1)
+    return {"states": int(obs.shape[0]),
+            "spread": float(((e - mean).norm(dim=2) / mean.norm(dim=2)).mean()),
+            "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
+            "target_max_dev": float((targets - 1.0 / slots).abs().max()),
+            "saturated": float((squashed.abs() > 0.99).double().mean()),
+            "weight_std": float(weights.std(0).max()) if obs.shape[0] > 1 else 0.0,
+            "weight_mean": [float(x) for x in weights.mean(0)]}
+
+
+def policy_report(run: Path) -> None:
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+
+    agent = load_checkpoint(run / FILENAME)["server"].get("agent")
+    d = policy_diagnostics(agent) if agent else {}
+    if not d:
+        print("no agent or no replay buffer in the checkpoint")
+        return
+    print(f"state ({d['states']} last replay states): embeddings' spread / common part {d['spread']:.4f}; cosine of "
+          f"a client's embedding to the previous participants' {d['cos_mean']:.4f} (min {d['cos_min']:.4f}); "
+          f"Eq. 2's V at most {d['target_max_dev']:.4f} from uniform")
+    print(f"actor: tanh outputs at the bounds (|x| > 0.99) {d['saturated']:.3f}; largest std of a weight over states "
+          f"{d['weight_std']:.4f}; mean weight per slot (own last) " + " ".join(f"{w:.3f}" for w in d["weight_mean"]))
+
+
 def time_split(history: list[dict], out: Path) -> None:
     parts = ["server_embedding_seconds", "server_agent_seconds", "server_aggregation_seconds"]
     server = {p: np.mean([m.get(p, 0.0) for m in history]) for p in parts}
@@ -172,6 +231,7 @@ def main() -> None:
     reward_curve(history, out)
     head_heatmap(history, groups, out)
     time_split(history, out)
+    policy_report(run)
     embeddings_plot(run, groups, out, args.data_dir)
 
 

@@ -181,6 +181,32 @@ def test_agent_update_moves_actor_toward_higher_critic_value():
     assert agent["updates"] == 300 and not same_state(agent["actor_target"], agent["actor"])
 
 
+def test_policy_diagnostics_tell_a_constant_saturated_policy_on_uninformative_states_from_a_state_driven_one():
+    """``scripts/pfedrlla_plots.py``'s probe of a run's agent (issue #25: does the agent's output depend on its
+    state?). States whose three embeddings are one vector (the common part only) leave Eq. 2's V uniform and no
+    spread; an actor whose output bias is huge is saturated and gives every state the same weights. Distinct
+    embeddings and a fresh actor scaled up give V off uniform and weights that move with the state."""
+    from tests.helpers import load_script
+
+    plots = load_script("pfedrlla_plots")
+    g = torch.Generator().manual_seed(0)
+    agent = ddpg.init_agent(3 * 4, 3, g, PFedRLLAOptions(hidden=8))
+    same = torch.randn(50, 1, 4, generator=g).expand(50, 3, 4).reshape(50, 12)
+    saturated = {**agent["actor"], "l2.bias": torch.tensor([50.0, -50.0, 50.0])}
+    flat = plots.policy_diagnostics({**agent, "actor": saturated, "buffer": {**agent["buffer"], "obs": same}})
+    assert flat["spread"] == pytest.approx(0.0, abs=1e-6) and flat["cos_min"] == pytest.approx(1.0, abs=1e-6)
+    assert flat["target_max_dev"] == pytest.approx(0.0, abs=1e-6)
+    assert flat["saturated"] == 1.0 and flat["weight_std"] == pytest.approx(0.0, abs=1e-9)
+    e = math.e
+    assert flat["weight_mean"] == pytest.approx([e / (2 * e + 1 / e), (1 / e) / (2 * e + 1 / e), e / (2 * e + 1 / e)])
+    varied = torch.randn(50, 12, generator=g)
+    scaled = {k: v * 3 for k, v in agent["actor"].items()}
+    live = plots.policy_diagnostics({**agent, "actor": scaled, "buffer": {**agent["buffer"], "obs": varied}})
+    assert live["spread"] > 0.5 and live["cos_min"] < 0.5 and live["target_max_dev"] > 0.05
+    assert live["saturated"] < 1.0 and live["weight_std"] > 0.01
+    assert plots.policy_diagnostics(agent) == {}  # an empty replay buffer
+
+
 def test_replay_buffer_is_a_ring():
     agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), PFedRLLAOptions(hidden=4))
     for i in range(5):
