@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.apfl import ALPHA, LOCAL, mix
-from tests.helpers import eval_message, same_state, tiny_sim, train_message
+from tests.helpers import eval_message, run_client, same_state, tiny_sim, train_message
 from tests.methods.common import FULL_BATCH, ce_grad, perturbed, specs_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,3 +84,45 @@ def test_apfl_evaluates_the_mixture(tiny_fed):
         assert 0.0 < float(a) < 1.0
         assert all(torch.allclose(p[k], a * st["apfl"]["v"][k] + (1 - a) * w[k]) for k in w)
         assert "mixture" in sim.method.traits.eval_model
+
+
+def test_apfl_eval_global_trained_mixes_the_clients_own_trained_copy_and_leaves_training_alone(tiny_fed):
+    """``eval_global = "trained"`` (PFLlib's ``model_per``): the evaluated mixture takes the client's own copy of
+    ``w`` after its last local training (the copy it uploaded), not the received global model; training, and so
+    the global model, is the default's bit for bit; before its first training a client mixes the received model."""
+    kw = dict(rounds=3, seed=4, join_ratio=0.5)
+    paper, pflib = tiny_sim(tiny_fed, "apfl", **kw), tiny_sim(tiny_fed, "apfl", {"eval_global": "trained"}, **kw)
+    assert pflib.store.get(0) is None  # not contacted yet: the received model is mixed
+    ev, ctx = eval_message(pflib, 0), pflib.client_ctx(0, pflib.next_round)
+    st = pflib.method.init_client(ctx)
+    assert same_state(pflib.method.eval_params(ev, st, ctx), mix(st["apfl"]["v"], ev.params(), st["apfl"]["alpha"]))
+    paper.run(), pflib.run()
+    assert same_state(paper.server["global"], pflib.server["global"])
+    assert [m["train_loss"] for m in paper.history] == [m["train_loss"] for m in pflib.history]
+    assert [m["acc"] for m in paper.history] != [m["acc"] for m in pflib.history]
+    res = run_client(pflib, 1, train_message(pflib, 1))
+    st = res.state["apfl"]
+    assert same_state(st["w"], res.reply.params())  # the copy it uploads
+    ev, ctx = eval_message(pflib, 1), pflib.client_ctx(1, pflib.next_round)
+    p = pflib.method.eval_params(ev, res.state, ctx)
+    assert same_state(p, mix(st["v"], st["w"], st["alpha"]))
+    assert not same_state(p, mix(st["v"], ev.params(), st["alpha"]))
+    assert "own copy after its last local training" in pflib.method.traits.eval_model
+    trained = [c for c in range(len(tiny_fed.clients)) if paper.store.get(c) is not None]
+    assert trained and all("w" not in paper.store.get(c)["apfl"] for c in trained)  # the default keeps no copy
+    assert all("w" in pflib.store.get(c)["apfl"] for c in trained)
+
+
+def test_apfl_eval_global_trained_passes_the_contract_checks(tiny_fed, tmp_path):
+    """The extra per-client copy is state like any other: resume, evaluation without side effects, partial
+    participation (fedblend.testing's contract checks, run on the option)."""
+    from fedblend.testing import (
+        check_evaluation_leaves_states_unchanged,
+        check_partial_participation,
+        check_rounds_resume_and_loss,
+    )
+
+    opts = {"eval_global": "trained"}
+    check_rounds_resume_and_loss("apfl", tiny_fed, tmp_path, opts)
+    check_evaluation_leaves_states_unchanged("apfl", tiny_fed, opts)
+    check_partial_participation("apfl", tiny_fed, opts)
