@@ -113,12 +113,12 @@ def test_sweep_grid_product_and_names(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ compare
-def _fake_run(root: Path, label: str, seed: int, best: float, final: float) -> None:
+def _fake_run(root: Path, label: str, seed: int, best: float, final: float, **extra) -> None:
     d = root / f"{label}-s{seed}"
     d.mkdir(parents=True)
     cfg = {"method": label, "seed": seed, "rounds": 2}
     s = {"status": "finished", "label": label, "method": label, "seed": seed, "rounds": 2, "best_accuracy": best,
-         "final_accuracy": final, "seconds_per_round": 1.0, "run": {"config": cfg}}
+         "final_accuracy": final, "seconds_per_round": 1.0, "run": {"config": cfg}, **extra}
     (d / "summary.json").write_text(json.dumps(s))
     (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": best, "loss": 1.0 / r}) + "\n"
                                              for r in (1, 2)))
@@ -158,6 +158,37 @@ def test_compare_paired_differences_on_hand_made_summaries(tmp_path):
     assert find_group(rows, "fedala")["label"] == "fedala"
     with pytest.raises(ConfigError, match="matches 2 groups"):
         find_group(rows, "feda")
+
+
+def test_compare_pairs_rounds_to_target_over_seeds_where_both_reached_it(tmp_path):
+    from fedblend.cli.report import report
+
+    # A reaches 85 % at rounds 10, 20, 30 (seed 3: never); B at 30, 30, never, 40
+    a = {0: 10, 1: 20, 2: 30, 3: None}
+    b = {0: 30, 1: 30, 2: None, 3: 40}
+    for s in range(4):
+        _fake_run(tmp_path / "runs", "pfedrlla", s, 0.9, 0.9, target_accuracy=0.85, rounds_to_target=a[s])
+        _fake_run(tmp_path / "runs", "ditto", s, 0.9, 0.9, target_accuracy=0.85, rounds_to_target=b[s])
+    text = report([tmp_path / "runs"], tmp_path / "rep", plots=False, compare=("pfedrlla", "ditto"))
+    m = json.loads((tmp_path / "rep" / "compare.json").read_text())["metrics"]["rounds_to_target"]
+    assert m["unit"] == "rounds" and m["target"] == 0.85
+    assert m["per_seed"] == pytest.approx({"0": -20.0, "1": -10.0})  # seeds 2 and 3 cannot be paired
+    assert m["mean"] == pytest.approx(-15.0) and m["std"] == pytest.approx(np.sqrt(50))
+    assert m["not_reached"] == {"a": [3], "b": [2]}
+    assert "rounds to 85% (in rounds) | -20.00 | -10.00 | - | - | -15.00" in text
+    assert "ditto did not reach it at seed(s) 2" in text and "pfedrlla did not reach it at seed(s) 3" in text
+
+
+def test_compare_leaves_out_rounds_to_target_when_the_targets_differ(tmp_path):
+    from fedblend.cli.report import aggregate, find_group, find_runs, paired_differences
+
+    _fake_run(tmp_path / "runs", "a", 0, 0.9, 0.9, target_accuracy=0.85, rounds_to_target=10)
+    _fake_run(tmp_path / "runs", "b", 0, 0.9, 0.9, target_accuracy=0.90, rounds_to_target=10)
+    _fake_run(tmp_path / "runs", "c", 0, 0.9, 0.9)  # no target at all
+    rows = aggregate(find_runs([tmp_path / "runs"]))
+    assert "rounds_to_target" not in paired_differences(find_group(rows, "a"), find_group(rows, "b"))["metrics"]
+    assert "rounds_to_target" not in paired_differences(find_group(rows, "a"), find_group(rows, "c"))["metrics"]
+    assert "best_accuracy" in paired_differences(find_group(rows, "a"), find_group(rows, "c"))["metrics"]
 
 
 def test_report_band_uses_the_tables_std():

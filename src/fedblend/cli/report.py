@@ -11,8 +11,9 @@ listed with their last round instead of being averaged.
 
 ``--compare A B`` adds paired per-seed differences A - B (best and final accuracy, in points) over the seeds
 both groups have, with the mean difference, its Student-t confidence interval and the paired t-test's p-value
-(``scipy.stats``); a group is named by its label, ``label@hash``, its sweep folder, its method, or a unique part
-of its label.
+(``scipy.stats``); where both groups' runs set the same ``eval.target``, the rounds to that target are paired
+too (in rounds, over the seeds where both reached it; the seeds where a side did not are named). A group is named
+by its label, ``label@hash``, its sweep folder, its method, or a unique part of its label.
 Written files: ``table.md``, ``table.csv``, ``table.tex``, ``table.json``, ``unfinished.json``,
 ``compare.json`` / ``compare.md`` (with ``--compare``; fewer than 3 paired seeds add a warning that the interval
 means little), ``accuracy.png`` (accuracy and loss curves side by side, legend by method, the setting and the
@@ -157,7 +158,7 @@ def aggregate(runs: list[Path], key=group_key) -> list[dict[str, Any]]:
             "p10_client": mean_std_cell([s.get("final_acc_client_p10") for s in ss]),
             "to_target": rounds_to_target_cell(ss),
             "best_mean": _mean_or_none([s["best_accuracy"] for s in ss]),
-            "by_seed": {s["seed"]: {k: s.get(k) for k in COMPARED} for s in ss},
+            "by_seed": {s["seed"]: {k: s.get(k) for k in COMPARED + TARGET_KEYS} for s in ss},
             "dirs": [s["_dir"] for s in ss],
             "_config": (ss[0].get("run") or {}).get("config") or {},
         })
@@ -208,6 +209,8 @@ def _mean_or_none(values: list) -> float | None:
 
 
 COMPARED = ("best_accuracy", "final_accuracy", "global_best_accuracy", "global_final_accuracy")
+#: per seed beside :data:`COMPARED`: the target and the first evaluated round that reached it (summary.json)
+TARGET_KEYS = ("target_accuracy", "rounds_to_target")
 COLUMNS = [("label", "run"), ("method", "method"), ("config_hash", "config"), ("n", "seeds"), ("rounds", "rounds"),
            ("best", "best acc %"), ("final", "final acc %"), ("global_best", "global best %"), ("global_final", "global final %"),
            ("worst_client", "worst client %"), ("p10_client", "client p10 %"), ("s_per_round", "s/round")]
@@ -284,12 +287,30 @@ def find_group(rows: list[dict], name: str) -> dict:
                       f"{', '.join(r['label'] + '@' + r['config_hash'] for r in rows) or 'none'}")
 
 
+def _paired(xa: np.ndarray, xb: np.ndarray, seeds: list, level: float, unit: str) -> dict[str, Any]:
+    """A - B over paired values: per seed, mean, sample std, Student-t interval and paired t-test p (None with fewer
+    than two pairs or zero spread)."""
+    from scipy import stats
+
+    d = xa - xb
+    res: dict[str, Any] = {"unit": unit, "per_seed": dict(zip(map(str, seeds), d.tolist())),
+                           "mean": float(d.mean()) if len(d) else None,
+                           "std": float(d.std(ddof=1)) if len(d) > 1 else None, "ci": None, "p": None}
+    if len(d) > 1 and d.std(ddof=1) > 0:
+        lo, hi = stats.t.interval(level, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        res.update(ci=[float(lo), float(hi)], p=float(stats.ttest_rel(xa, xb).pvalue))
+    return res
+
+
 def paired_differences(a: dict, b: dict, level: float = 0.95) -> dict[str, Any]:
     """A - B per seed both rows have, for each compared accuracy (in points), with the mean difference, its
     Student-t confidence interval (``scipy.stats.t``, n - 1 degrees of freedom) and the paired t-test p-value
-    (``scipy.stats.ttest_rel``); interval and p are None with fewer than two seeds or zero spread."""
-    from scipy import stats
+    (``scipy.stats.ttest_rel``); interval and p are None with fewer than two seeds or zero spread.
 
+    Where every run of both rows set the same ``eval.target``, ``rounds_to_target`` is paired as well (unit
+    "rounds", negative = A reached the target sooner), over the common seeds where both reached it;
+    ``not_reached`` names the common seeds where A or B did not (they cannot be paired: a run that never reached
+    the target has no count)."""
     seeds = sorted(set(a["by_seed"]) & set(b["by_seed"]), key=int)
     out: dict[str, Any] = {"a": a["label"], "b": b["label"], "a_config": a["config_hash"],
                            "b_config": b["config_hash"], "seeds": seeds, "level": level, "metrics": {}}
@@ -298,15 +319,18 @@ def paired_differences(a: dict, b: dict, level: float = 0.95) -> dict[str, Any]:
         pb = [b["by_seed"][s].get(key) for s in seeds]
         if not seeds or any(v is None for v in pa + pb):
             continue
-        xa, xb = np.asarray(pa, dtype=float) * 100, np.asarray(pb, dtype=float) * 100
-        d = xa - xb
-        res: dict[str, Any] = {"per_seed": dict(zip(map(str, seeds), d.tolist())), "mean": float(d.mean()),
-                               "std": float(d.std(ddof=1)) if len(d) > 1 else None, "ci": None, "p": None}
-        if len(d) > 1 and d.std(ddof=1) > 0:
-            sem = stats.sem(d)
-            lo, hi = stats.t.interval(level, len(d) - 1, loc=d.mean(), scale=sem)
-            res.update(ci=[float(lo), float(hi)], p=float(stats.ttest_rel(xa, xb).pvalue))
-        out["metrics"][key] = res
+        out["metrics"][key] = _paired(np.asarray(pa, dtype=float) * 100, np.asarray(pb, dtype=float) * 100,
+                                      seeds, level, "points")
+    targets = {v.get("target_accuracy") for row in (a, b) for v in (row["by_seed"][s] for s in seeds)}
+    if seeds and len(targets) == 1 and None not in targets:
+        ra = {s: a["by_seed"][s].get("rounds_to_target") for s in seeds}
+        rb = {s: b["by_seed"][s].get("rounds_to_target") for s in seeds}
+        both = [s for s in seeds if ra[s] is not None and rb[s] is not None]
+        res = _paired(np.asarray([ra[s] for s in both], dtype=float), np.asarray([rb[s] for s in both], dtype=float),
+                      both, level, "rounds")
+        res.update(target=targets.pop(), not_reached={"a": [s for s in seeds if ra[s] is None],
+                                                       "b": [s for s in seeds if rb[s] is None]})
+        out["metrics"]["rounds_to_target"] = res
     return out
 
 
@@ -315,16 +339,27 @@ def compare_text(c: dict) -> str:
     seeds = c["seeds"]
     pct = f"{round(c['level'] * 100)}% CI"
     lines = [f"\n{c['a']} - {c['b']} (paired by seed over seeds {', '.join(map(str, seeds)) or 'none'}; "
-             f"points of accuracy):", "",
+             f"points of accuracy, rounds where marked):", "",
              "| metric | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean | {pct} | p (paired t) |",
              "|---|" + "---|" * (len(seeds) + 3)]
+    after = []
     for key, m in c["metrics"].items():
         ci = f"[{m['ci'][0]:+.2f}, {m['ci'][1]:+.2f}]" if m["ci"] else "-"
         p = f"{m['p']:.3g}" if m["p"] is not None else "-"
-        lines.append(f"| {key} | " + " | ".join(f"{m['per_seed'][str(s)]:+.2f}" for s in seeds)
-                     + f" | {m['mean']:+.2f} | {ci} | {p} |")
+        mean = f"{m['mean']:+.2f}" if m["mean"] is not None else "-"
+        name = key
+        if m.get("unit") == "rounds":
+            name = f"rounds to {100 * m['target']:g}% (in rounds)"
+            missed = [f"{side} did not reach it at seed(s) {', '.join(map(str, m['not_reached'][k]))}"
+                      for k, side in (("a", c["a"]), ("b", c["b"])) if m["not_reached"][k]]
+            if missed:
+                after.append(f"rounds to {100 * m['target']:g}%: {'; '.join(missed)} (not paired)")
+        cells = [f"{m['per_seed'][str(s)]:+.2f}" if str(s) in m["per_seed"] else "-" for s in seeds]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} | {ci} | {p} |")
     if not c["metrics"]:
         lines.append("(no seed in common)")
+    if after:
+        lines += [""] + after
     note = few_seeds_note(len(seeds), c["level"])
     if note:
         lines += ["", f"warning: {note}"]
