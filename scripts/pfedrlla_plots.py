@@ -18,7 +18,10 @@ Printed from the checkpoint's agent (:func:`policy_diagnostics`, over the replay
 the state tells clients apart (the spread of the embeddings in a state against their common part, the cosine of a
 client's embedding to the previous participants', and how far Eq. 2's target ``V`` is from uniform) and whether
 the actor uses it (the share of its ``tanh`` outputs at the bounds, the spread of its weights over states, and
-its mean weight per slot).
+its mean weight per slot), and where the actor's weights come from: the critic's action gradient per slot at the
+actor's action (:func:`critic_slot_gradient`; the actor climbs it), for the checkpoint's critic and for the
+critic the run's seed draws before any training (:func:`initial_agent`). The three slots the most concentrated
+action favours are printed for the actor and for both critics.
 """
 
 from __future__ import annotations
@@ -188,6 +191,40 @@ def policy_diagnostics(agent: dict, last: int = 300) -> dict:
             "weight_mean": [float(x) for x in weights.mean(0)]}
 
 
+def critic_slot_gradient(agent: dict, obs: torch.Tensor) -> list[float]:
+    """Mean over ``obs`` of ``dQ(s, a) / da`` at the actor's action ``a = mu(s)``, centred over the slots per state:
+    the deterministic policy gradient's push on each slot's weight (softmax ignores a shift common to all slots,
+    so only the centred part moves the weights). Positive: the critic asks for more weight on that slot."""
+    from fedblend.algorithms.parts.rl import ddpg
+
+    critic = {k: v.double() for k, v in agent["critic"].items()}
+    actor = {k: v.double() for k, v in agent["actor"].items()}
+    obs = obs.double()
+    with torch.no_grad():
+        act = ddpg.policy(actor, obs)
+    act.requires_grad_(True)
+    (g,) = torch.autograd.grad(ddpg.q_value(critic, obs, act).sum(), act)
+    return [float(x) for x in (g - g.mean(1, keepdim=True)).mean(0)]
+
+
+def initial_agent(agent: dict, seed: int) -> dict:
+    """The agent a run with ``seed`` draws before its first update (``learner.new_agent`` in round 0), of the
+    checkpoint agent's shape. A pre-trained agent was drawn by its pre-training run, with that run's seed."""
+    from types import SimpleNamespace
+
+    from fedblend.algorithms.parts.rl.learner import new_agent
+    from fedblend.common.rng import SeedTree
+    from fedblend.core.method import server_tree
+
+    hidden = int(agent["actor"][next(iter(agent["actor"]))].shape[0])
+    return new_agent(int(agent["obs_dim"]), int(agent["act_dim"]), server_tree(SeedTree(seed), 0),
+                     SimpleNamespace(hidden=hidden))
+
+
+def top_slots(values: list[float], k: int = 3) -> list[int]:
+    return sorted(int(i) for i in np.argsort(values)[::-1][:k])
+
+
 def policy_report(run: Path) -> None:
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
 
@@ -201,6 +238,15 @@ def policy_report(run: Path) -> None:
           f"Eq. 2's V at most {d['target_max_dev']:.4f} from uniform")
     print(f"actor: tanh outputs at the bounds (|x| > 0.99) {d['saturated']:.3f}; largest std of a weight over states "
           f"{d['weight_std']:.4f}; mean weight per slot (own last) " + " ".join(f"{w:.3f}" for w in d["weight_mean"]))
+    from fedblend.config import load_config
+
+    obs = agent["buffer"]["obs"][-d["states"]:]
+    seed = load_config(run / "config.toml").seed
+    now, first = critic_slot_gradient(agent, obs), critic_slot_gradient(initial_agent(agent, seed), obs)
+    print("critic's centred dQ/da per slot at the actor's action, now: " + " ".join(f"{x:+.4f}" for x in now))
+    print(f"the same from the critic seed {seed} draws before training: " + " ".join(f"{x:+.4f}" for x in first))
+    print(f"top three slots: actor {top_slots(d['weight_mean'])}, critic now {top_slots(now)}, "
+          f"critic at seed {seed}'s initialisation {top_slots(first)}")
 
 
 def time_split(history: list[dict], out: Path) -> None:

@@ -207,6 +207,39 @@ def test_policy_diagnostics_tell_a_constant_saturated_policy_on_uninformative_st
     assert plots.policy_diagnostics(agent) == {}  # an empty replay buffer
 
 
+def test_critic_slot_gradient_is_the_centred_action_gradient_of_a_linear_critic():
+    """``scripts/pfedrlla_plots.py``: with a critic ``Q(s, a) = c . a`` (first layer picks the action, ReLU passes
+    the non-negative weights, second layer identity, last layer ``c``) the push on each slot is ``c - mean(c)``
+    whatever the state and the actor: the slot with the largest ``c`` is the one the critic asks more weight for."""
+    from tests.helpers import load_script
+
+    plots = load_script("pfedrlla_plots")
+    obs_dim, k = 6, 4
+    agent = ddpg.init_agent(obs_dim, k, torch.Generator().manual_seed(1), PFedRLLAOptions(hidden=k))
+    c = torch.tensor([0.5, -1.0, 2.0, 0.1])
+    critic = {"l0.weight": torch.cat([torch.zeros(k, obs_dim), torch.eye(k)], 1), "l0.bias": torch.zeros(k),
+              "l1.weight": torch.eye(k), "l1.bias": torch.zeros(k), "l2.weight": c[None], "l2.bias": torch.zeros(1)}
+    obs = torch.randn(20, obs_dim, generator=torch.Generator().manual_seed(2))
+    grad = plots.critic_slot_gradient({**agent, "critic": critic}, obs)
+    assert grad == pytest.approx((c - c.mean()).tolist(), abs=1e-6)
+    assert plots.top_slots(grad, 2) == [0, 2]
+
+
+def test_initial_agent_is_the_agent_a_run_with_that_seed_draws(tiny_fed):
+    """The probe's ``initial_agent(agent, seed)`` equals the agent the run creates in round 0 (before any DDPG
+    update: ``random_rounds`` keeps round 1 free of updates), and another seed draws another one."""
+    from tests.helpers import load_script
+
+    plots = load_script("pfedrlla_plots")
+    sim = tiny_sim(tiny_fed, "pfedrlla", {**ACTIVE, "random_rounds": 5}, rounds=1, seed=7)
+    sim.run_round()
+    agent = sim.server["agent"]
+    assert int(agent["updates"]) == 0
+    again = plots.initial_agent(agent, 7)
+    assert same_state(again["actor"], agent["actor"]) and same_state(again["critic"], agent["critic"])
+    assert not same_state(plots.initial_agent(agent, 8)["critic"], agent["critic"])
+
+
 def test_replay_buffer_is_a_ring():
     agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), PFedRLLAOptions(hidden=4))
     for i in range(5):

@@ -56,7 +56,7 @@ from fedblend.core.checkpoint import FILENAME, load_checkpoint, save_checkpoint
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
-from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State, server_tree
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
@@ -126,7 +126,7 @@ class Simulation:
         return self.run_info.model
 
     def sctx(self, rnd: int) -> ServerCtx:
-        return ServerCtx(self.run_info, rnd, self.tree.child("server", "round", rnd))
+        return ServerCtx(self.run_info, rnd, server_tree(self.tree, rnd))
 
     def client_runtime(self) -> ClientRuntime:
         """An in-process runtime over every client (what the sequential backend runs; for tests and tools)."""

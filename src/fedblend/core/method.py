@@ -172,6 +172,11 @@ class ClientCtx:
         return self.run.train
 
 
+def server_tree(root: SeedTree, rnd: int) -> SeedTree:
+    """The seed-tree node of the server's streams in round ``rnd`` (``ServerCtx.tree``)."""
+    return root.child("server", "round", rnd)
+
+
 def client_tree(root: SeedTree, phase: str, rnd: int, cid: int) -> SeedTree:
     """The seed-tree node of client ``cid``'s streams for ``phase`` (``"evaluate"`` -> ``"eval"``) in round ``rnd``."""
     return root.child("eval" if phase == "evaluate" else phase, "round", rnd, "client", cid)

@@ -90,6 +90,12 @@ def agent_updates_due(opts: Options, t: int, pretrained: bool) -> int:
     return opts.updates if t >= opts.random_rounds else 0
 
 
+def new_agent(obs_dim: int, act_dim: int, tree: Any, cfg: ddpg.DDPGConfig) -> dict:
+    """A fresh agent, drawn from the server's stream ``agent-init`` of the round that first needs one (round 0:
+    ``method.server_tree(SeedTree(seed), 0)``; a pre-training run makes it the same way from its own seed)."""
+    return ddpg.init_agent(obs_dim, act_dim, tree.torch("agent-init"), cfg)
+
+
 def choose_actions(opts: Options, server: State, rnd: State, groups: list[list[str]],
                    sctx: Any) -> tuple[State, State]:
     """Alg. 2 lines 3-4: embed ``K'``'s stored models and the round's uploads (their head layers ``groups``),
@@ -112,7 +118,7 @@ def choose_actions(opts: Options, server: State, rnd: State, groups: list[list[s
     agent = server["agent"]
     obs_dim, act_dim = (n_prev + 1) * e.shape[1], n_prev + 1
     if agent is None:
-        agent = ddpg.init_agent(obs_dim, act_dim, sctx.tree.torch("agent-init"), opts)
+        agent = new_agent(obs_dim, act_dim, sctx.tree, opts)
     elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
         src = f"the pre-trained agent {opts.agent!r}" if server["pretrained"] else "the agent"
         raise (AgentFileError if server["pretrained"] else ValueError)(
