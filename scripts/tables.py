@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedblend.cli.report import mean_std_cell
+from fedblend.cli.report import mean_std_cell, paired_stats
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")
@@ -246,22 +246,22 @@ def gain_cell(host: list[dict], hosted: list[dict], host_metric: str) -> str:
     return f"{d.mean():+.2f}" + ("" if len(d) == 1 else f" (per seed {' / '.join(f'{x:+.2f}' for x in d)})")
 
 
-def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95) -> str:
-    """Row minus anchor, paired by seed (points): the mean difference, its Student-t interval with two or more
-    paired seeds (as ``fedblend report --compare``), and the seed count."""
-    from scipy import stats
-
+def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95,
+                scale: float = 100.0, digits: int = 2) -> str:
+    """Row minus anchor, paired by seed over the seeds where both have a value (points by default; ``scale = 1``
+    for counts such as ``rounds_to_target``): the mean difference, its Student-t interval with two or more paired
+    seeds (``fedblend report --compare``'s :func:`paired_stats`), and the seed count."""
     a = {s["seed"]: s.get(metric) for s in runs}
     b = {s["seed"]: s.get(anchor_metric) for s in anchor}
     seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
     if not seeds:
         return "-"
-    d = np.array([a[k] - b[k] for k in seeds]) * 100
-    text = f"{d.mean():+.2f}"
-    if len(d) > 1 and d.std(ddof=1) > 0:
-        half = stats.t.ppf(0.5 + level / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-        text += f" [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]"
-    return text + f" ({len(d)} seed{'s' if len(d) > 1 else ''})"
+    res = paired_stats(np.array([a[k] for k in seeds], dtype=float) * scale,
+                       np.array([b[k] for k in seeds], dtype=float) * scale, seeds, level, "")
+    text = f"{res['mean']:+.{digits}f}"
+    if res["ci"]:
+        text += f" [{res['ci'][0]:+.{digits}f}, {res['ci'][1]:+.{digits}f}]"
+    return text + f" ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
 
 
 def render_paired(table: Table, anchor: str, repo: Path = REPO) -> str:
@@ -305,8 +305,8 @@ def render_verdict(table: Table, mine: tuple[str, ...], repo: Path = REPO) -> st
     """Per column: the best of the ``mine`` rows (by the mean of its metric over seeds) against the best other row,
     and their difference paired by seed (:func:`paired_cell`). Issue #25's verdict per T4 column: is pFedRLLA
     above every baseline, and by how much."""
-    lines = ["| column | best pFedRLLA row | best other row | difference, paired over seeds (points) |",
-             "|---|---|---|---|"]
+    lines = ["| column | best pFedRLLA row | best other row | difference, paired over seeds (points) | rounds to "
+             "the target: difference, paired over the seeds where both reached it |", "|---|---|---|---|---|"]
 
     def best(rows: list[Row], c: str) -> tuple[Row, list[dict], float] | None:
         scored = []
@@ -323,7 +323,8 @@ def render_verdict(table: Table, mine: tuple[str, ...], repo: Path = REPO) -> st
         a = best([r for r in table.rows if r.key in mine], c)
         b = best([r for r in table.rows if r.key not in mine], c)
         diff = paired_cell(a[1], b[1], a[0].metric, b[0].metric) if a and b else "-"
-        lines.append(f"| {label} | {name(a)} | {name(b)} | {diff} |")
+        faster = paired_cell(a[1], b[1], "rounds_to_target", "rounds_to_target", scale=1.0, digits=1) if a and b else "-"
+        lines.append(f"| {label} | {name(a)} | {name(b)} | {diff} | {faster} |")
     return "\n".join(lines)
 
 

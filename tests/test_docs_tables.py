@@ -204,19 +204,25 @@ def test_a_method_without_a_reference_gets_a_row_saying_so(tmp_path, tables):
 
 def test_t4_verdict_is_the_best_pfedrlla_row_against_the_best_other_paired_by_seed(tmp_path, tables):
     """Issue #25's verdict per column: the pre-trained row (mean 0.92) beats the plain one (0.90); the best other
-    row is FedAvg-FT (0.91) over Local (0.89); the difference is paired over the seeds both have."""
+    row is FedAvg-FT (0.91) over Local (0.89); the difference is paired over the seeds both have. Rounds to the
+    target are paired over the seeds where both reached it: seed 2 of FedAvg-FT never did, so only seeds 0 and 1
+    (-10 and 0 rounds) count."""
     col = "results/t4/fmnist-pat2"
-    for seed, (pre, plain, ft, local) in enumerate([(0.93, 0.90, 0.91, 0.89), (0.91, 0.90, 0.91, 0.89)]):
-        _run(tmp_path, f"{col}/pfedrlla-pretrained", seed, method="pfedrlla", best_accuracy=pre)
+    rows = [(0.93, 0.90, 0.91, 0.89, 20, 30), (0.91, 0.90, 0.91, 0.89, 30, 30), (0.92, 0.90, 0.91, 0.89, 40, None)]
+    for seed, (pre, plain, ft, local, pre_hit, ft_hit) in enumerate(rows):
+        _run(tmp_path, f"{col}/pfedrlla-pretrained", seed, method="pfedrlla", best_accuracy=pre,
+             rounds_to_target=pre_hit)
         _run(tmp_path, f"{col}/pfedrlla", seed, method="pfedrlla", best_accuracy=plain)
-        _run(tmp_path, f"{col}/fedavg-ft", seed, method="fedavg-ft", best_accuracy=ft)
+        _run(tmp_path, f"{col}/fedavg-ft", seed, method="fedavg-ft", best_accuracy=ft, rounds_to_target=ft_hit)
         _run(tmp_path, f"{col}/local", seed, method="local", best_accuracy=local)
     lines = tables.render_verdict(tables.T4, ("pfedrlla", "pfedrlla-pretrained"), tmp_path).splitlines()
     row = next(x for x in lines if x.startswith("| FMNIST pathological s = 2 |"))
-    assert row.startswith("| FMNIST pathological s = 2 | pFedRLLA (pre-trained agent): 92.00 (2 seeds) | "
-                          "FedAvg-FT: 91.00 (2 seeds) | +1.00 [")  # +2 and 0 per seed: mean +1, a wide interval
-    assert row.endswith("(2 seeds) |")
-    assert "| MNIST* | not run | not run | - |" in lines
+    assert row.startswith("| FMNIST pathological s = 2 | pFedRLLA (pre-trained agent): 92.00 (3 seeds) | "
+                          "FedAvg-FT: 91.00 (3 seeds) | +1.00 [")  # +2, 0, +1 per seed: mean +1
+    # -10 and 0 rounds: mean -5, t(0.975, 1) = 12.706 times the standard error 5
+    assert row.endswith("| -5.0 [-68.5, +58.5] (2 seeds) |")
+    assert lines[2].count("|") == lines[0].count("|")  # as many cells as the header
+    assert "| MNIST* | not run | not run | - | - |" in lines
 
 
 def test_t4_transfer_row_applies_only_to_mnist_star_and_counts_in_its_verdict(tmp_path, tables):
