@@ -21,7 +21,9 @@ the actor uses it (the share of its ``tanh`` outputs at the bounds, the spread o
 its mean weight per slot), and where the actor's weights come from: the critic's action gradient per slot at the
 actor's action (:func:`critic_slot_gradient`; the actor climbs it), for the checkpoint's critic and for the
 critic the run's seed draws before any training (:func:`initial_agent`). The three slots the most concentrated
-action favours are printed for the actor and for both critics.
+action favours are printed for the actor and for both critics. ``--replay-seeds S ...`` replays the run's DDPG
+updates on its own experience from the agents other seeds draw (:func:`replay_report`): whether the action the
+actor ends in comes from the experience or from the initial networks.
 """
 
 from __future__ import annotations
@@ -221,6 +223,59 @@ def initial_agent(agent: dict, seed: int) -> dict:
                      SimpleNamespace(hidden=hidden))
 
 
+def replay_updates(agent: dict, opts, seed: int, rounds: int, init_seed: int) -> dict:
+    """Offline, the DDPG updates of a run without pre-training again (``learner.learn``'s schedule over
+    ``rounds``), each on the replay buffer as it stood then (rows are stored in order, the same number per round),
+    with the run's replay batches (its ``seed``), from the agent that ``init_seed`` draws. With the run's own seed
+    (and its thread count) this is the checkpoint's agent bit for bit; another ``init_seed`` changes only the
+    initial networks: the same experience, the same batches."""
+    from fedblend.algorithms.parts.rl import ddpg
+    from fedblend.algorithms.parts.rl.learner import agent_updates_due
+    from fedblend.common.rng import SeedTree
+    from fedblend.core.method import server_tree
+
+    buf = agent["buffer"]
+    n = int(buf["obs"].shape[0])
+    if rounds < 1 or n % rounds or n >= opts.buffer:
+        raise ValueError(f"{n} replay rows over {rounds} rounds: not a whole number per round, or the ring has "
+                         "wrapped (the buffer no longer holds every round's rows)")
+    per_round = n // rounds
+    out = initial_agent(agent, init_seed)
+    for t in range(1, rounds + 1):
+        m = per_round * t
+        out = {**out, "buffer": {"obs": buf["obs"][:m], "act": buf["act"][:m], "rew": buf["rew"][:m], "next": m}}
+        for u in range(agent_updates_due(opts, t, False)):
+            out, _ = ddpg.update(out, server_tree(SeedTree(seed), t - 1).torch("replay", u), opts)
+    return out
+
+
+def replay_report(run: Path, init_seeds: list[int]) -> None:
+    """:func:`replay_updates` for each of ``init_seeds``: the final actor's mean weight per slot and its top three
+    slots, beside the top three of that seed's initial critic; for the run's own seed, how far the replay is from
+    the checkpoint's actor (0 on the run's machine and thread count)."""
+    from fedblend.algorithms.registry import build_method
+    from fedblend.config import load_config
+    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+
+    ck = load_checkpoint(run / FILENAME)
+    agent = ck["server"].get("agent")
+    if not agent or ck["server"].get("pretrained"):
+        print("replay: needs a run whose agent was not pre-trained (its experience began in this run)")
+        return
+    cfg = load_config(run / "config.toml")
+    opts = build_method(cfg.method, cfg.options).opts
+    obs = agent["buffer"]["obs"][-300:]
+    for s in init_seeds:
+        a = replay_updates(agent, opts, cfg.seed, int(ck["next_round"]), s)
+        d = policy_diagnostics({**a, "buffer": agent["buffer"]})
+        first = critic_slot_gradient(initial_agent(agent, s), obs)
+        gap = max(float((a["actor"][k] - agent["actor"][k]).abs().max()) for k in agent["actor"])
+        print(f"replay from seed {s}'s agent: actor top slots {top_slots(d['weight_mean'])} (initial critic "
+              f"{top_slots(first)}), own head {d['weight_mean'][-1]:.3f}, tanh at the bounds {d['saturated']:.2f}"
+              + (f", max |actor - checkpoint's| {gap:.1e}" if s == cfg.seed else "")
+              + "; weights " + " ".join(f"{w:.3f}" for w in d["weight_mean"]))
+
+
 def top_slots(values: list[float], k: int = 3) -> list[int]:
     return sorted(int(i) for i in np.argsort(values)[::-1][:k])
 
@@ -269,6 +324,8 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--out")
     ap.add_argument("--data-dir")
+    ap.add_argument("--replay-seeds", type=int, nargs="*", default=[],
+                    help="replay the run's DDPG updates from the agents these seeds draw (replay_report)")
     args = ap.parse_args()
     run = Path(args.run)
     out = Path(args.out) if args.out else run
@@ -278,6 +335,8 @@ def main() -> None:
     head_heatmap(history, groups, out)
     time_split(history, out)
     policy_report(run)
+    if args.replay_seeds:
+        replay_report(run, args.replay_seeds)
     embeddings_plot(run, groups, out, args.data_dir)
 
 

@@ -240,6 +240,26 @@ def test_initial_agent_is_the_agent_a_run_with_that_seed_draws(tiny_fed):
     assert not same_state(plots.initial_agent(agent, 8)["critic"], agent["critic"])
 
 
+def test_replaying_a_runs_updates_from_its_own_seed_gives_its_agent_and_another_seed_another(tiny_fed):
+    """``replay_updates``: the run's DDPG updates again on its stored experience. From the run's seed it is the
+    run's agent bit for bit (one thread here, as in the run); from another seed, another agent (only the initial
+    networks differ); a buffer that is not a whole number of rows per round is refused."""
+    from tests.helpers import load_script
+
+    plots = load_script("pfedrlla_plots")
+    sim = tiny_sim(tiny_fed, "pfedrlla", ACTIVE, rounds=3, seed=5)
+    for _ in range(3):
+        sim.run_round()
+    agent = sim.server["agent"]
+    assert int(agent["updates"]) == 3 * ACTIVE["updates"]
+    again = plots.replay_updates(agent, sim.method.opts, 5, 3, 5)
+    assert same_state(again["actor"], agent["actor"]) and same_state(again["critic"], agent["critic"])
+    other = plots.replay_updates(agent, sim.method.opts, 5, 3, 6)
+    assert int(other["updates"]) == int(agent["updates"]) and not same_state(other["actor"], agent["actor"])
+    with pytest.raises(ValueError, match="whole number"):
+        plots.replay_updates(agent, sim.method.opts, 5, 5, 5)
+
+
 def test_replay_buffer_is_a_ring():
     agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), PFedRLLAOptions(hidden=4))
     for i in range(5):
