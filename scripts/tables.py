@@ -337,18 +337,24 @@ def last_rounds_mean(run: Path, key: str, last: int) -> float | None:
 def render_ablation(table: Table, last: int = ABLATION_LAST, repo: Path = REPO) -> str:
     """One row per variant of the table's single column: BP and AP (:func:`last_rounds_mean` of ``bp_acc`` /
     ``ap_acc``), the best personalized accuracy over all clients and the rounds to the target, each a
-    :func:`cell` over the variant's seeds (pFedRLLA Table 2 reports BP and AP)."""
+    :func:`cell` over the variant's seeds (pFedRLLA Table 2 reports BP and AP). A row read from another table
+    (``root``: "Both" is T4's pFedRLLA row) counts only the seeds some variant was run at, so that every row is
+    the same experiment (T4 has more seeds than the one-seed ablations)."""
     (column, _), = table.columns
     lines = [f"| variant | BP (before local training; mean of the last {last} rounds) | AP (after) | "
              "best personalized accuracy | rounds to the target |", "|---|---|---|---|---|"]
+    variant_seeds = {x["seed"] for row in table.rows if not row.root for x in row.runs(table, column, repo)}
     for row in table.rows:
         folder = repo / (row.root or table.root) / column / row.where
         runs = []
         for summary in row.runs(table, column, repo):
+            if row.root and summary["seed"] not in variant_seeds:
+                continue
             run = folder / f"seed{summary['seed']}"
             runs.append({**summary, "bp_last": last_rounds_mean(run, "bp_acc", last),
                          "ap_last": last_rounds_mean(run, "ap_acc", last)})
-        diverged = row.runs(table, column, repo, "diverged")
+        diverged = [x for x in row.runs(table, column, repo, "diverged")
+                    if not row.root or x["seed"] in variant_seeds]
         cells = [cell(runs, "bp_last", None, diverged=diverged), cell(runs, "ap_last", None, diverged=diverged),
                  cell(runs, row.metric, None, diverged=diverged),
                  cell(runs, "rounds_to_target", None, 1.0, "target not reached", diverged, 1)]
