@@ -90,6 +90,12 @@ def head_heatmap(history: list[dict], groups: list[frozenset], out: Path) -> Non
     im = ax.imshow(np.ma.masked_invalid(mat), cmap="viridis")
     ax.set_xlabel("contributing client")
     ax.set_ylabel("target client k")
+    if len(groups) <= 20:  # few clients (the nine-client experiment): name each one's classes on the axes
+        names = [f"{k}: {','.join(map(str, sorted(g)))}" for k, g in enumerate(groups)]
+        ax.set_xticks(range(len(groups)), names, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(groups)), names, fontsize=7)
+        ax.set_xlabel("contributing client: its classes")
+        ax.set_ylabel("target client k: its classes")
     ax.set_title(f"pFedRLLA head weights, round {last['round']}", fontsize=9)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()

@@ -260,6 +260,24 @@ def test_replaying_a_runs_updates_from_its_own_seed_gives_its_agent_and_another_
         plots.replay_updates(agent, sim.method.opts, 5, 5, 5)
 
 
+def test_head_weight_matrix_adds_the_own_upload_to_the_clients_stored_model_and_leaves_absent_clients_out(tmp_path):
+    """``scripts/pfedrlla_plots.py``'s Fig. 3 matrix: row k holds client k's weights over ``K'`` then its own
+    upload; its own column sums the two when k is in ``K'``; clients outside ``K'`` are NaN. The heatmap of a
+    few clients names each one's classes on its axes."""
+    import numpy as np
+
+    from tests.helpers import load_script
+
+    plots = load_script("pfedrlla_plots")
+    entry = {"round": 7, "head_prev_cids": [0, 2], "head_weights": [[0, [0.5, 0.2, 0.3]], [1, [0.1, 0.6, 0.3]]]}
+    mat = plots.head_weight_matrix(entry, 3)
+    assert mat[0, 0] == pytest.approx(0.8) and mat[0, 2] == 0.2 and np.isnan(mat[0, 1])  # 0.5 stored + 0.3 own
+    assert mat[1].tolist() == pytest.approx([0.1, 0.3, 0.6])  # client 1 was not in K': its own column holds its upload only
+    assert np.isnan(mat[2]).all()  # client 2 did not aggregate this round
+    plots.head_heatmap([entry], [frozenset({0, 1}), frozenset({1, 2}), frozenset({3})], tmp_path)
+    assert (tmp_path / "pfedrlla_head_weights.png").stat().st_size > 1000
+
+
 def test_replay_buffer_is_a_ring():
     agent = ddpg.init_agent(2, 2, torch.Generator().manual_seed(0), PFedRLLAOptions(hidden=4))
     for i in range(5):
