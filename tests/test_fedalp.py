@@ -24,7 +24,7 @@ from fedblend.algorithms.parts.layer_mix import global_from_groups, layer_weight
 from fedblend.common.options import ConfigError
 from fedblend.common.params import flatten
 from fedblend.common.rng import SeedTree
-from fedblend.core.method import Message, RunInfo, ServerCtx
+from fedblend.core.method import Message, RunInfo, ServerCtx, server_tree
 from fedblend.core.training import TrainConfig
 from tests.helpers import tiny_sim
 
@@ -69,7 +69,7 @@ def test_mix_by_layer():
 def _sctx(num_clients=4, rnd=5, rounds=10):
     init = {"fc1.weight": t(0.0, 0.0), "fc2.weight": t(0.0)}
     run = RunInfo(model=None, init_params=init, train=TrainConfig(), num_clients=num_clients, rounds=rounds, seed=0)
-    return ServerCtx(run, rnd, SeedTree(0).child("server", "round", rnd))
+    return ServerCtx(run, rnd, server_tree(SeedTree(0), rnd))
 
 
 def _replies(uploads):

@@ -320,14 +320,14 @@ def paired_differences(a: dict, b: dict, level: float = 0.95) -> dict[str, Any]:
         if not seeds or any(v is None for v in pa + pb):
             continue
         out["metrics"][key] = paired_stats(np.asarray(pa, dtype=float) * 100, np.asarray(pb, dtype=float) * 100,
-                                      seeds, level, "points")
+                                           seeds, level, "points")
     targets = {v.get("target_accuracy") for row in (a, b) for v in (row["by_seed"][s] for s in seeds)}
     if seeds and len(targets) == 1 and None not in targets:
         ra = {s: a["by_seed"][s].get("rounds_to_target") for s in seeds}
         rb = {s: b["by_seed"][s].get("rounds_to_target") for s in seeds}
         both = [s for s in seeds if ra[s] is not None and rb[s] is not None]
-        res = paired_stats(np.asarray([ra[s] for s in both], dtype=float), np.asarray([rb[s] for s in both], dtype=float),
-                      both, level, "rounds")
+        res = paired_stats(np.asarray([ra[s] for s in both], dtype=float),
+                           np.asarray([rb[s] for s in both], dtype=float), both, level, "rounds")
         res.update(target=targets.pop(), not_reached={"a": [s for s in seeds if ra[s] is None],
                                                        "b": [s for s in seeds if rb[s] is None]})
         out["metrics"]["rounds_to_target"] = res
