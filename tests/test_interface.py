@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedblend.algorithms.fedavg import FedAvg
-from fedblend.common.codec import TREE, CodecError, decode, encode
+from fedblend.common.codec import TREE, CodecError, decode, encode, to_device
 from fedblend.common.options import ConfigError
 from fedblend.core.client import drive
 from fedblend.core.message import Message, comm_bytes
@@ -45,6 +45,18 @@ def test_codec_rejects_what_is_not_data():
         encode({"a": {"b": lambda x: x}})
     with pytest.raises(CodecError, match="key"):
         encode({(1, 2): 3})
+
+
+def test_to_device_moves_every_tensor_once_and_leaves_a_state_already_there_untouched():
+    t = torch.randn(3)
+    state = {"a": {"w": t, "n": 3, "s": "x"}, "l": [t, (torch.zeros(2, dtype=torch.float64), None)], 7: 1.5}
+    assert to_device(state, "cpu") is state  # nothing to move: the very same objects, no copy
+    moved = to_device(state, "meta")  # a second device every machine has (shapes and dtypes, no values)
+    leaves = [moved["a"]["w"], moved["l"][0], moved["l"][1][0]]
+    assert all(x.device.type == "meta" for x in leaves) and moved["l"][1][0].dtype == torch.float64
+    assert moved["a"]["w"] is moved["l"][0]  # one tensor twice stays one object, as the codec keeps it
+    assert isinstance(moved["l"][1], tuple) and moved["l"][1][1] is None and moved[7] == 1.5 and moved["a"]["s"] == "x"
+    assert state["a"]["w"].device.type == "cpu"  # the input is not modified
 
 
 # ------------------------------------------------------------------------------------------------ messages

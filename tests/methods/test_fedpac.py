@@ -8,6 +8,7 @@ import torch
 from fedblend.algorithms.fedpac import (
     aggregate_centroids,
     alignment_loss,
+    class_sums,
     combination_weights,
     feature_statistics,
     qp_matrix,
@@ -33,6 +34,20 @@ def test_fedpac_qp_on_the_simplex_with_a_known_answer():
     hs2[0, 0] = torch.tensor([5.0, 0.0])
     assert torch.allclose(combination_weights(torch.zeros(3), hs2)[0], torch.tensor([1.0, 0, 0], dtype=a.dtype),
                           atol=1e-5)
+
+
+def test_fedpac_class_sums_by_one_hot_product_equal_index_add():
+    """The GPU's deterministic one-hot product sums the same rows per class as the CPU's ``index_add_`` (rows,
+    vectors and a class no sample has)."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (50,), generator=gen)
+    y[y == 3] = 2  # class 3 empty
+    for values in (torch.randn(50, 6, generator=gen, dtype=torch.float64), torch.rand(50, generator=gen, dtype=torch.float64)):
+        by_add, by_product = class_sums(values, y, 5, product=False), class_sums(values, y, 5, product=True)
+        want = torch.stack([values[y == k].sum(0) for k in range(5)])
+        assert by_product.shape == by_add.shape == want.shape
+        assert torch.allclose(by_add, want, atol=1e-12) and torch.allclose(by_product, want, atol=1e-12)
+        assert float(by_product[3].abs().sum()) == 0.0
 
 
 def test_fedpac_qp_matrix_is_variance_plus_bias_gram():

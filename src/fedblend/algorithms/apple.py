@@ -86,7 +86,7 @@ def data_prior(sizes: torch.Tensor) -> torch.Tensor:
     """``p0_j = n_j / sum n``; clients with unknown size (0) count with the mean known size (uniform if none)."""
     sizes = sizes.to(torch.float64)
     known = sizes > 0
-    fill = sizes[known].mean() if bool(known.any()) else torch.tensor(1.0, dtype=torch.float64)
+    fill = sizes[known].mean() if bool(known.any()) else sizes.new_tensor(1.0)
     full = torch.where(known, sizes, fill)
     return full / full.sum()
 

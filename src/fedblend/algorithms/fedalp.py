@@ -124,7 +124,7 @@ class FedALP(Method):
         like = server["global"]
         if not cids:
             return server
-        mat = torch.stack([last[c] for c in cids]).double().numpy()
+        mat = torch.stack([last[c] for c in cids]).double().cpu().numpy()
         rho = clustering.cosine_similarity(mat)
         dist = clustering.similarity_to_distance(rho, opts.similarity)
         if opts.linkage_input == "rows":
@@ -137,7 +137,8 @@ class FedALP(Method):
         for m in range(m_eff):
             members = [c for c in cids if groups[c] == m]
             w = np.array([sizes[c] for c in members], dtype=np.float64)
-            d_m = (torch.from_numpy(w / w.sum()).view(-1, 1) * torch.stack([last[c] for c in members]).double()).sum(0)
+            stacked = torch.stack([last[c] for c in members]).double()
+            d_m = (torch.from_numpy(w / w.sum()).to(stacked.device).view(-1, 1) * stacked).sum(0)
             upd = unflatten(d_m, {k: v.double() for k, v in like.items()})
             psi.append(layer_weights(upd, opts.beta, opts.layer_unit))
             deltas.append(layer_weights(upd, 1.0, opts.layer_unit))  # delta / max(delta), for diagnostics

@@ -170,7 +170,7 @@ class FedFomo(Method):
             models[str(cid)] = replies[cid].params()
             ids, w = replies[cid].metrics["fomo_ids"], replies[cid].metrics["fomo_weights"]
             if ids:
-                affinity[cid, torch.tensor(ids)] += torch.tensor(w, dtype=torch.float64)
+                affinity[cid, torch.tensor(ids)] += torch.tensor(w, dtype=torch.float64, device=affinity.device)
         return {**server, "models": models, "last_round": sorted(replies), "affinity": affinity}
 
     # ------------------------------------------------------------------------------------------ client

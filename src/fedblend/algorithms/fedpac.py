@@ -72,15 +72,25 @@ def alignment_loss(params: Params, batch: Batch, centroids: torch.Tensor, has: t
     return lam * sq.mean()
 
 
+def class_sums(values: torch.Tensor, y: torch.Tensor, num_classes: int, product: bool | None = None) -> torch.Tensor:
+    """Per class, the sum of the rows of ``values`` (``(n, ...)``) labelled with it: ``index_add_`` on the CPU
+    (one pass, in sample order); on a GPU, where ``index_add_`` adds with atomics in a varying order, a one-hot
+    matrix product, so that two runs there give the same bits (``product`` forces one or the other)."""
+    if not (values.device.type != "cpu" if product is None else product):
+        out = torch.zeros((num_classes,) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
+        return out.index_add_(0, y, values)
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(values.dtype)
+    return (onehot.T @ values.reshape(len(y), -1)).reshape((num_classes,) + tuple(values.shape[1:]))
+
+
 @torch.no_grad()
 def feature_statistics(model, params: Params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
     """Per-class counts, class means ``mu_k`` (zeros where absent), ``h_k = p(k) mu_k`` and ``V`` (Sec. 4.3)."""
     feats = features_of(model, params, x, batch_size).double()
-    d = feats.shape[1]
     counts = torch.bincount(y, minlength=num_classes).double()
-    sums = torch.zeros(num_classes, d, dtype=torch.float64, device=feats.device).index_add_(0, y, feats)
-    sq = torch.zeros(num_classes, dtype=torch.float64, device=feats.device).index_add_(0, y, (feats ** 2).sum(1))
+    sums = class_sums(feats, y, num_classes)
+    sq = class_sums((feats ** 2).sum(1), y, num_classes)
     n = max(len(y), 1)
     p = counts / n
     mu = sums / counts.clamp_min(1).unsqueeze(1)

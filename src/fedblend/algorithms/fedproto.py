@@ -72,8 +72,9 @@ def average_prototypes(uploads: list[tuple[Params, Mapping[str, int]]], weightin
     classes = sorted({c for protos, _ in uploads for c in protos}, key=int)
     for c in classes:
         vecs = [(protos[c], counts[c]) for protos, counts in uploads if c in protos]
-        w = torch.tensor([float(n) if weighting == "samples" else 1.0 for _, n in vecs], dtype=torch.float64)
         stacked = torch.stack([v.to(torch.float64) for v, _ in vecs])
+        w = torch.tensor([float(n) if weighting == "samples" else 1.0 for _, n in vecs], dtype=torch.float64,
+                         device=stacked.device)
         out[c] = ((w / w.sum()).unsqueeze(1) * stacked).sum(0).to(vecs[0][0].dtype)
     return out
 

@@ -90,7 +90,8 @@ def gumbel_relax(s: Params, tau: float, generator: torch.Generator) -> Params:
     for u in sorted(s):
         p = s[u].double().clamp(1e-12, 1 - 1e-12)
         logits = torch.stack([p.log(), (1 - p).log()])
-        noise = -torch.log(-torch.log(torch.rand(2, generator=generator, dtype=torch.float64).clamp_min(1e-20)))
+        r = torch.rand(2, generator=generator, dtype=torch.float64).to(p.device)  # drawn on the CPU on any device
+        noise = -torch.log(-torch.log(r.clamp_min(1e-20)))
         out[u] = torch.softmax((logits + noise) / tau, 0)[0].to(s[u].dtype)
     return out
 

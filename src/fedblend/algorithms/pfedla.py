@@ -100,7 +100,7 @@ def layer_weights(net: Mapping[str, torch.Tensor], cid: int, num_groups: int) ->
         a = torch.relu(net[f"out.{g}.weight"] @ z + net[f"out.{g}.bias"])
         s = a.sum()
         if float(s.detach()) <= 0:
-            a = torch.nn.functional.one_hot(torch.tensor(cid), a.numel()).to(a.dtype)
+            a = torch.nn.functional.one_hot(torch.tensor(cid, device=a.device), a.numel()).to(a.dtype)
             s = a.sum()
         rows.append(a / s)
     return torch.stack(rows)

@@ -34,6 +34,30 @@ class CodecError(TypeError):
     """A value that is not state data (names the path where it was found)."""
 
 
+def to_device(state: Any, device: str | torch.device) -> Any:
+    """``state`` with every tensor on ``device``: the same object where nothing moves (a tensor already there is
+    not copied), and a tensor that appears twice moved once (it stays one object, as :func:`decode` keeps it).
+    The engine holds every server and client state and every message on the run's device with this, so a state
+    or message a method builds from CPU tensors (``torch.zeros(n)``, a generator's draw, a numpy result) meets
+    the model's tensors on a GPU."""
+    moved: dict[int, torch.Tensor] = {}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if id(x) not in moved:
+                moved[id(x)] = x.to(device)
+            return moved[id(x)]
+        if isinstance(x, dict):
+            out = {k: walk(v) for k, v in x.items()}
+            return x if all(out[k] is x[k] for k in x) else out
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            items = [walk(v) for v in x]
+            return x if all(a is b for a, b in zip(items, x)) else type(x)(items)
+        return x
+
+    return walk(state)
+
+
 def encode(state: Any, as_numpy: bool = False) -> dict[str, Any]:
     """Flatten ``state`` to ``{name: tensor}`` (``{name: ndarray}`` with ``as_numpy``) plus the structure."""
     arrays: dict[str, Any] = {}

@@ -40,7 +40,7 @@ def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     for name in models[0]:
         stacked = torch.stack([m[name].detach().to(torch.float64) for m in models])
         shape = (-1,) + (1,) * (stacked.dim() - 1)
-        out[name] = (stacked * w.view(shape)).sum(0).to(models[0][name].dtype)
+        out[name] = (stacked * w.to(stacked.device).view(shape)).sum(0).to(models[0][name].dtype)
     return out
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedblend.common.codec import to_device
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import GLOBAL_PREFIX, evaluate_params
@@ -92,7 +93,7 @@ class ClientRuntime:
         """The job's client context and the client's state (initialised on the client at first contact): how
         every runtime (this one's :meth:`handle`, the vmap backend's lock-step driver) starts a job."""
         ctx = self.ctx(job.cid, job.rnd, job.phase)
-        return ctx, (job.state if job.state is not None else self.method.init_client(ctx))
+        return ctx, (job.state if job.state is not None else to_device(self.method.init_client(ctx), ctx.run.device))
 
     def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[Params, Params | None, tuple]:
         """The client's personalized model (``method.eval_params``), the global model if the message carries

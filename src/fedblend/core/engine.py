@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from fedblend.common.codec import decode, encode
+from fedblend.common.codec import decode, encode, to_device
 from fedblend.common.errors import DivergedError, MessageError, NonFiniteError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
@@ -109,6 +109,9 @@ class Simulation:
                store: ClientStore | None = None, on_divergence: str = "stop",
                divergence_factor: float = 100.0, init: str = "") -> Simulation:
         tree = SeedTree(seed)
+        if torch.device(device).type == "cuda":  # same bits run after run (cuDNN's fastest kernels may add in a
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False  # varying order), and
+            torch.backends.cudnn.allow_tf32 = False  # float32 convolutions in float32, as on the CPU (not TF32)
         model = initial_model(model_name, fed.info, tree.torch("model-init"), init).to(device)
         model.requires_grad_(False)
         method.check_model(model)
@@ -118,7 +121,7 @@ class Simulation:
         sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {},
                   store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite,
                   on_divergence=on_divergence, divergence_factor=divergence_factor)
-        sim.server = method.init_server(sim.sctx(0))
+        sim.server = to_device(method.init_server(sim.sctx(0)), run.device)
         return sim
 
     @property
@@ -136,17 +139,27 @@ class Simulation:
         return self.client_runtime().ctx(cid, rnd, phase)
 
     def _run_jobs(self, jobs: list[ClientJob]) -> list[ClientResult]:
+        """Each job's result (None: no reply), messages and states held on the run's device both ways
+        (:func:`~fedblend.common.codec.to_device`: a no-op where everything is there already)."""
         if not self._started:
             self.backend.start(self.method, self.run_info, dict(enumerate(self.fed.clients)), self.tree)
             self._started = True
+        device = self.run_info.device
+        for job in jobs:
+            job.msg.arrays = to_device(job.msg.arrays, device)
         hook = self.on_client
         if hook is None:
-            return self.backend.run(jobs)
-        self.backend.on_result = lambda job: hook("done", job.cid)  # each job as its result is in
-        try:
-            return self.backend.run(jobs)
-        finally:
-            self.backend.on_result = None
+            results = self.backend.run(jobs)
+        else:
+            self.backend.on_result = lambda job: hook("done", job.cid)  # each job as its result is in
+            try:
+                results = self.backend.run(jobs)
+            finally:
+                self.backend.on_result = None
+        for res in results:
+            if res is not None:
+                res.reply.arrays, res.state = to_device(res.reply.arrays, device), to_device(res.state, device)
+        return results
 
     def _check_channels(self, msg: Message, phase: str, cid: int, reply: bool, stats: dict | None = None) -> None:
         """Refuse a message that breaks the channel rules (:func:`~fedblend.core.message.channel_errors`), and
@@ -212,7 +225,7 @@ class Simulation:
 
         def aggregate(phase: str, replies: dict[int, Message]) -> None:
             if replies:  # every reply skipped as non-finite: the server keeps its state
-                self.server = self.method.aggregate(phase, self.server, replies, sctx)
+                self.server = to_device(self.method.aggregate(phase, self.server, replies, sctx), self.run_info.device)
 
         answered: dict[str, int] = {}  # replies received per phase
         refused: dict[str, int] = {}  # of them skipped as non-finite

@@ -170,6 +170,6 @@ def weight_summary(model: FedModel, weights: Mapping[str, torch.Tensor]) -> dict
         vals = [w.reshape(-1) for n, w in weights.items() if layer_of(n) == layer]
         if vals:
             v = torch.cat(vals).double()
-            q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)) if v.numel() else v
+            q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=v.device)) if v.numel() else v
             out[layer] = [float(v.mean())] + [float(a) for a in q]
     return out

@@ -61,7 +61,7 @@ def q_value(critic: Net, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
 
 def explore(action: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
     """Gaussian exploration noise, then clipped at 0 and renormalised so the weights still sum to 1."""
-    noisy = (action + std * torch.randn(action.shape, generator=gen)).clamp_min(0.0)
+    noisy = (action + std * torch.randn(action.shape, generator=gen).to(action.device)).clamp_min(0.0)
     total = noisy.sum()
     return noisy / total if float(total) > 0 else torch.full_like(action, 1.0 / action.numel())
 

@@ -130,7 +130,7 @@ def pca_embed(flat: torch.Tensor, dim: int) -> torch.Tensor:
     sign = torch.sign(vh.gather(1, vh.abs().argmax(1, keepdim=True))).squeeze(1)
     sign[sign == 0] = 1.0
     scores = (u * s * sign).float()
-    out = torch.zeros(flat.shape[0], dim)
+    out = torch.zeros(flat.shape[0], dim, device=flat.device)
     k = min(dim, scores.shape[1])
     out[:, :k] = scores[:, :k]
     return out

@@ -27,6 +27,7 @@ from fedblend.algorithms.parts.rl import ddpg, embedding
 from fedblend.algorithms.parts.rl.agent_file import AGENT_FIX, AgentFileError, load_agent, shape_mismatch
 from fedblend.algorithms.parts.rl.options import PFedRLLAOptions as Options
 from fedblend.algorithms.parts.rl.rewards import reward, reward_terms, similarity_target
+from fedblend.common.codec import to_device
 
 State = dict
 
@@ -118,7 +119,7 @@ def choose_actions(opts: Options, server: State, rnd: State, groups: list[list[s
     agent = server["agent"]
     obs_dim, act_dim = (n_prev + 1) * e.shape[1], n_prev + 1
     if agent is None:
-        agent = new_agent(obs_dim, act_dim, sctx.tree, opts)
+        agent = to_device(new_agent(obs_dim, act_dim, sctx.tree, opts), e.device)  # drawn on the CPU, any device
     elif (int(agent["obs_dim"]), int(agent["act_dim"])) != (obs_dim, act_dim):
         src = f"the pre-trained agent {opts.agent!r}" if server["pretrained"] else "the agent"
         raise (AgentFileError if server["pretrained"] else ValueError)(
@@ -133,7 +134,8 @@ def choose_actions(opts: Options, server: State, rnd: State, groups: list[list[s
     actions = []
     for i, cid in enumerate(rnd["cids"]):
         gen = sctx.tree.torch("action", cid)
-        actions.append(ddpg.random_action(act_dim, gen) if random_phase else ddpg.explore(mu[i], opts.noise, gen))
+        actions.append(ddpg.random_action(act_dim, gen).to(mu.device) if random_phase
+                       else ddpg.explore(mu[i], opts.noise, gen))
     targets = torch.stack([similarity_target(e_prev, e_up[i]) for i in range(len(rnd["cids"]))])
     sctx.stats["server_embedding_seconds"] = t1 - t0
     sctx.stats["server_agent_seconds"] = time.perf_counter() - t1
@@ -150,7 +152,8 @@ def learn(opts: Options, server: State, rnd: State, replies: Mapping[int, Any], 
                           rnd["targets"][i], opts.acc_tar, opts.r3_norm)
              for i, c in enumerate(rnd["cids"])]
     rewards = [reward(tr, opts.beta) for tr in terms]
-    agent = ddpg.store(server["agent"], rnd["obs"], rnd["actions"], torch.tensor(rewards), opts.buffer)
+    agent = ddpg.store(server["agent"], rnd["obs"], rnd["actions"], torch.tensor(rewards, device=rnd["obs"].device),
+                       opts.buffer)
     t = sctx.rnd + 1
     for u in range(agent_updates_due(opts, t, server["pretrained"])):
         agent, info = ddpg.update(agent, sctx.tree.torch("replay", u), opts)

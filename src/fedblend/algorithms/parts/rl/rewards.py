@@ -48,7 +48,7 @@ def mix(models: Sequence[Mapping[str, torch.Tensor]], weights: torch.Tensor, nam
 def similarity_target(e_prev: torch.Tensor, e_k: torch.Tensor) -> torch.Tensor:
     """Eq. 2: ``V_k = ({d(e_k, e_k')}_k', 1) / (sum_k' d(e_k, e_k') + 1)``, ``d = (cos + 1) / 2``."""
     cos = torch.nn.functional.cosine_similarity(e_prev.double(), e_k.double().unsqueeze(0), dim=1)
-    d = torch.cat([(cos + 1) / 2, torch.ones(1, dtype=torch.float64)])
+    d = torch.cat([(cos + 1) / 2, cos.new_ones(1)])
     return (d / d.sum()).float()
 
 
