@@ -33,7 +33,7 @@ from fedblend.core.training import TrainConfig
 from fedblend.core.vmap import VmapBackend
 from fedblend.data.federated import PartitionSpec, build_federated
 from fedblend.data.synthetic import make_synthetic
-from fedblend.testing import same_state, without_timings
+from fedblend.testing import check_device, off_device, same_state, without_timings
 from tests.test_shared_suite import SPECS, SUITE_OPTIONS
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (PyTorch sees none)"),
@@ -56,30 +56,14 @@ def run(sim: Simulation) -> Simulation:
     return sim
 
 
-def off_device(obj, where: str = "") -> list[str]:
-    """The paths of floating-point tensors in a state that are not on a CUDA device."""
-    if isinstance(obj, torch.Tensor):
-        return [f"{where} ({obj.device}, {tuple(obj.shape)})"] if obj.is_floating_point() and not obj.is_cuda else []
-    if isinstance(obj, dict):
-        return [p for k, v in obj.items() for p in off_device(v, f"{where}.{k}")]
-    if isinstance(obj, (list, tuple)):
-        return [p for i, v in enumerate(obj) for p in off_device(v, f"{where}[{i}]")]
-    return []
-
-
 def metrics(sim: Simulation) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith("vmap_")} for m in without_timings(sim.history)]
 
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_method_on_cuda_repeats_bit_for_bit_matches_the_cpu_and_keeps_its_states_there(spec, tiny_fed):
-    first, second = run(gpu_sim(tiny_fed, spec, "cuda")), run(gpu_sim(tiny_fed, spec, "cuda"))
-    assert without_timings(first.history) == without_timings(second.history), "two CUDA runs differ"
-    assert same_state(first.server, second.server) and same_state(first.store.states, second.store.states)
-    stray = off_device(first.server, "server") + off_device(first.store.states, "clients")
-    assert stray == [], f"floating-point state left on the CPU: {stray[:8]}"
-    cpu = run(gpu_sim(tiny_fed, spec, "cpu"))
-    assert diff_histories(metrics(cpu), metrics(first), rel=REL, abs_=ABS) == []
+    """``fedblend.testing.check_device``: the same check a plug-in method's ``MethodContract`` runs on a GPU."""
+    check_device(spec, tiny_fed, "cuda", options=SUITE_OPTIONS.get(spec), rel=REL, abs_=ABS)
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -90,7 +74,7 @@ def test_every_method_resumes_on_cuda_and_vmap_agrees_there(spec, tiny_fed, tmp_
     twin = gpu_sim(tiny_fed, spec, "cuda", rounds=3)
     twin.restore(tmp_path / "ck.pt")
     assert same_state(twin.server, sim.server) and same_state(twin.store.states, sim.store.states)
-    assert off_device(twin.server, "server") + off_device(twin.store.states, "clients") == []
+    assert off_device(twin.server, "cuda", "server") + off_device(twin.store.states, "cuda", "clients") == []
     run(sim), run(twin)
     assert without_timings(sim.history) == without_timings(twin.history), "resumed CUDA run != uninterrupted"
     vm = run(gpu_sim(tiny_fed, spec, "cuda", rounds=3, backend=VmapBackend()))

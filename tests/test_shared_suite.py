@@ -14,10 +14,12 @@ import pytest
 from fedblend.algorithms import METHODS, TRANSFORMS, build_method
 from fedblend.testing import (
     check_client_half_isolated,
+    check_device,
     check_evaluation_leaves_states_unchanged,
     check_partial_participation,
     check_process_backend_equals_sequential,
     check_rounds_resume_and_loss,
+    off_device,
 )
 
 
@@ -92,3 +94,16 @@ def test_contract_checks_catch_methods_that_break_them(tiny_fed, tmp_path):
         check_partial_participation(Leaky, tiny_fed)
     with pytest.raises(AssertionError, match="resumed run != uninterrupted run"):
         check_rounds_resume_and_loss(Noisy, tiny_fed, tmp_path)
+    with pytest.raises(AssertionError, match="two runs on cpu differ"):  # the GPU check's repeat, run on the CPU
+        check_device(Noisy, tiny_fed, "cpu")
+
+
+def test_the_device_check_passes_on_the_cpu_and_names_state_left_off_the_device(tiny_fed):
+    """``check_device`` (what ``MethodContract.test_runs_on_cuda`` runs on a GPU) passes for a sound method on
+    the one device every machine has, and ``off_device`` names each floating-point tensor on another device."""
+    import torch
+
+    check_device("fedala", tiny_fed, "cpu")
+    state = {"a": {"w": torch.zeros(2)}, "n": [torch.zeros(1, dtype=torch.long), torch.ones(3)]}
+    assert off_device(state, "cpu", "s") == []
+    assert off_device(state, "cuda", "s") == ["s.a.w (cpu, (2,))", "s.n[1] (cpu, (3,))"]

@@ -24,7 +24,10 @@ clients (no files needed, a few seconds):
 * ``test_client_half_needs_only_its_own_data``: the client half run with only its own client's data gives the
   same results;
 * ``test_process_backend_equals_sequential``: worker processes give the same results bit for bit (the method
-  must be importable by name: module level in an importable module; ``process_backend = False`` skips it).
+  must be importable by name: module level in an importable module; ``process_backend = False`` skips it);
+* ``test_runs_on_cuda`` (skipped where PyTorch sees no CUDA device): on the GPU two runs give the same results
+  bit for bit, every floating-point state tensor lives there, and the results agree with the CPU's within float
+  reassociation.
 
 The same checks are plain functions (``check_rounds_resume_and_loss(method, fed, tmp_path)``, ...) for other test
 layouts, and :func:`tiny_federation` / :func:`tiny_sim` build the setting they run in.
@@ -53,7 +56,7 @@ from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData, PartitionSpec, build_federated
 from fedblend.data.synthetic import make_synthetic
 
-__all__ = ["MethodContract", "check_client_half_isolated", "check_evaluation_leaves_states_unchanged",
+__all__ = ["MethodContract", "check_client_half_isolated", "check_device", "check_evaluation_leaves_states_unchanged",
            "check_partial_participation", "check_process_backend_equals_sequential", "check_rounds_resume_and_loss",
            "one_thread", "same_state", "tiny_federation", "tiny_sim", "without_timings"]
 
@@ -80,11 +83,11 @@ def make_method(method: MethodLike, options: Mapping[str, Any] | None = None,
 
 def tiny_sim(fed: FederatedData, method: MethodLike = "fedavg", options=None, transforms=None, rounds: int = 3,
              seed: int = 0, model: str = "mlp", join_ratio: float = 1.0, backend=None,
-             protocol: EvalProtocol | None = None, **train) -> Simulation:
+             protocol: EvalProtocol | None = None, device: str = "cpu", **train) -> Simulation:
     """A simulation of ``method`` on ``fed`` (lr 0.05, batch 16, one epoch unless ``train`` says otherwise)."""
     cfg = TrainConfig(**{"lr": 0.05, "batch_size": 16, "epochs": 1, **train})
     return Simulation.create(make_method(method, options, transforms), fed, model, cfg, rounds, seed,
-                             SamplingConfig(join_ratio=join_ratio), protocol, backend=backend)
+                             SamplingConfig(join_ratio=join_ratio), protocol, backend=backend, device=device)
 
 
 def without_timings(history: list[dict]) -> list[dict]:
@@ -243,6 +246,39 @@ def check_process_backend_equals_sequential(method: MethodLike, fed: FederatedDa
     assert same_state(seq.server, par.server) and same_state(seq.store.states, par.store.states)
 
 
+def off_device(obj: Any, device: str, where: str = "") -> list[str]:
+    """The paths of the floating-point tensors in a state that are not on ``device``'s kind of device."""
+    if isinstance(obj, torch.Tensor):
+        bad = obj.is_floating_point() and obj.device.type != torch.device(device).type
+        return [f"{where} ({obj.device}, {tuple(obj.shape)})"] if bad else []
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in off_device(v, device, f"{where}.{k}")]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in off_device(v, device, f"{where}[{i}]")]
+    return []
+
+
+def check_device(method: MethodLike, fed: FederatedData, device: str = "cuda", options=None, transforms=None,
+                 model: str = "mlp", rel: float = 1e-4, abs_: float = 1e-6) -> None:
+    """On ``device`` (a GPU): two runs give the same results and states bit for bit, every floating-point state
+    tensor lives there (nothing left behind on the CPU), and the results agree with a CPU run within ``rel`` /
+    ``abs_`` (GPU kernels sum in another order; a random draw made on the device's generator instead of the
+    CPU stream would change them outright)."""
+    from fedblend.common.histories import diff_histories
+
+    kw = {**_opts(options, transforms), "model": model, "protocol": EvalProtocol(before_after=True)}
+    first, second, cpu = (tiny_sim(fed, method, rounds=2, seed=1, join_ratio=0.75, device=d, **kw)
+                          for d in (device, device, "cpu"))
+    for sim in (first, second, cpu):
+        sim.run()
+    assert without_timings(first.history) == without_timings(second.history), f"two runs on {device} differ"
+    assert same_state(first.server, second.server) and same_state(first.store.states, second.store.states), \
+        f"two runs on {device} end in different states"
+    stray = off_device(first.server, device, "server") + off_device(first.store.states, device, "clients")
+    assert stray == [], f"floating-point state not on {device}: {stray[:8]}"
+    assert diff_histories(without_timings(cpu.history), without_timings(first.history), rel=rel, abs_=abs_) == []
+
+
 # ------------------------------------------------------------------------------------------------ the pytest class
 class MethodContract:
     """Subclass as ``Test<Name>`` in a test module and set :attr:`method` (see the module docstring)."""
@@ -288,3 +324,11 @@ class MethodContract:
             pytest.skip("process_backend = False")
         with one_thread():
             check_process_backend_equals_sequential(self.method, self.federation(), **self._args())
+
+    def test_runs_on_cuda(self):
+        if not torch.cuda.is_available():
+            import pytest
+
+            pytest.skip("no CUDA device (PyTorch sees none)")
+        with one_thread():
+            check_device(self.method, self.federation(), "cuda", **self._args())
