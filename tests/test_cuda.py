@@ -24,16 +24,13 @@ import warnings
 import pytest
 import torch
 
-from fedblend.algorithms import build_method
 from fedblend.common.histories import diff_histories
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import EvalProtocol
-from fedblend.core.sampling import SamplingConfig
-from fedblend.core.training import TrainConfig
 from fedblend.core.vmap import VmapBackend
 from fedblend.data.federated import PartitionSpec, build_federated
 from fedblend.data.synthetic import make_synthetic
-from fedblend.testing import check_device, off_device, same_state, without_timings
+from fedblend.testing import check_device, off_device, same_state, tiny_sim, without_timings
 from tests.test_shared_suite import SPECS, SUITE_OPTIONS
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (PyTorch sees none)"),
@@ -44,9 +41,8 @@ REL, ABS = 1e-4, 1e-6
 
 
 def gpu_sim(fed, spec: str, device: str, model: str = "mlp", rounds: int = 2, backend=None) -> Simulation:
-    return Simulation.create(build_method(spec, SUITE_OPTIONS.get(spec)), fed, model,
-                             TrainConfig(lr=0.05, batch_size=16), rounds, 1, SamplingConfig(join_ratio=0.75),
-                             EvalProtocol(before_after=True), backend=backend, device=device)
+    return tiny_sim(fed, spec, SUITE_OPTIONS.get(spec), rounds=rounds, seed=1, model=model, join_ratio=0.75,
+                    backend=backend, protocol=EvalProtocol(before_after=True), device=device)
 
 
 def run(sim: Simulation) -> Simulation:

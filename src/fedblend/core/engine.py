@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from fedblend.common.codec import decode, encode, to_device
+from fedblend.common.codec import to_device
 from fedblend.common.errors import DivergedError, MessageError, NonFiniteError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
@@ -454,7 +454,7 @@ class Simulation:
         state."""
         ck = load_checkpoint(path) if ck is None else ck
         if self.run_info.device != "cpu":
-            ck = decode_to(ck, self.run_info.device)
+            ck = to_device(ck, self.run_info.device)
         self.next_round = ck["next_round"]
         self.server = ck["server"]
         self.store.restore(ck["clients"], Path(path).parent)
@@ -472,9 +472,6 @@ def _names_snapshot(path: str | Path, clients: Any) -> bool:
         return False
 
 
-def decode_to(obj: Any, device: str) -> Any:
-    """Every tensor of a state moved to ``device``."""
-    return decode(encode(obj), device)
 
 
 def _time_shares(stats: list[dict]) -> dict[str, float]:
