@@ -23,6 +23,18 @@ from fedblend.cli.report import aggregate, find_runs, plot_curves
 
 REPO = Path(__file__).resolve().parents[1]
 T1_SETTING = "FMNIST, 20 clients (0.6-1 join), LeNet-5, 50 rounds (T1: FedAPA Table 1)"
+T4_ROWS = (("pfedrlla", "pFedRLLA"), ("pfedrlla-pretrained", "pFedRLLA, pre-trained agent"),
+           ("pfedrlla-transfer", "pFedRLLA, agent from FMNIST s = 4"), ("fedphp", "FedPHP"),
+           ("fedavg-ft", "FedAvg-FT"), ("fedala", "FedALA"), ("fedbabu", "FedBABU"), ("ditto", "Ditto"),
+           ("local", "Local-only"), ("apfl", "APFL"), ("fedavg", "FedAvg"))
+
+
+def t4_curves(column: str, repo: Path | None = None) -> tuple[tuple[str, str], ...]:
+    """The T4 column's rows that have runs (pFedRLLA Fig. 4, test accuracy trajectories): the campaign fills the
+    column one row at a time, and the figure draws what ``results/t4/COLUMN`` holds."""
+    base = (repo or REPO) / "results/t4" / column
+    return tuple((f"results/t4/{column}/{row}", legend) for row, legend in T4_ROWS
+                 if any((base / row).glob("seed*/summary.json")))
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,7 @@ class Figure:
     curves: tuple[tuple[str, str], ...]  # (results folder, legend)
     key: str = "acc"  # the metric: "acc" (personalized) or "global_acc" (the global model)
     setting: str | None = None  # the title's setting, when the curves' settings differ
+    acc_range: tuple[float, float] | None = None  # zoom the accuracy axis (%)
 
 
 FIGURES = (
@@ -43,6 +56,14 @@ FIGURES = (
            (("results/t1/pat/fedavg-ft", "FedAvg-FT, pathological"), ("results/t1/pat/local", "Local, pathological"),
             ("results/t1/dir/fedavg-ft", "FedAvg-FT, Dir(0.1)"), ("results/t1/dir/local", "Local, Dir(0.1)")),
            setting=T1_SETTING),
+    Figure("docs/img/t4-fmnist-pat2-accuracy.png", t4_curves("fmnist-pat2"),
+           setting="FMNIST pathological s = 2, 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)"),
+    Figure("docs/img/t4-fmnist-pat2-accuracy-top.png",
+           tuple(c for c in t4_curves("fmnist-pat2") if not c[0].endswith(("/fedavg", "/apfl"))),
+           setting="FMNIST pathological s = 2, T4, the rows above 95 % (FedAvg and APFL left out)",
+           acc_range=(95.0, 100.0)),
+    Figure("docs/img/t4-mnist-domains-accuracy.png", t4_curves("mnist-domains"),
+           setting="MNIST* (MNIST / USPS / mnist-texture), 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)"),
 )
 
 
@@ -61,7 +82,7 @@ def rows_of(fig: Figure, repo: Path = REPO) -> list[dict]:
 
 def draw(fig: Figure, repo: Path = REPO) -> Path:
     out = repo / fig.image
-    plot_curves(rows_of(fig, repo), out, key=fig.key, setting=fig.setting)
+    plot_curves(rows_of(fig, repo), out, key=fig.key, setting=fig.setting, acc_range=fig.acc_range)
     return out
 
 

@@ -94,10 +94,48 @@ def test_report_curves_legend_by_method_with_seeds_setting_and_band_stated(tmp_p
         fig = curves_figure(rows, "acc", band)
         legend = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
         assert legend == ["FedALA (n = 2)", "FedAPA (options.mu=0.3) (n = 3)", "FedAPA (options.mu=0.5) (n = 3)"]
-        title = fig._suptitle.get_text()
+        title = " ".join(fig._suptitle.get_text().split())  # wrapped to the figure's width
+        assert max(len(line) for line in fig._suptitle.get_text().splitlines()) <= 14 * fig.get_figwidth()
         assert title.startswith("FMNIST, Dir(0.1), 20 clients, LeNet-5: mean over 2-3 seeds") and text in title, title
         for ax in fig.axes:
             assert ax.get_xlabel() == "round" and all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_report_curves_of_many_rows_put_the_legend_below_the_panels_and_zoom_only_the_accuracy_axis(tmp_path):
+    from fedblend.cli.report import LEGEND_INSIDE, aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
+    rows = [dict(row, legend=f"method {i}") for i in range(LEGEND_INSIDE + 2)]
+    fig = curves_figure(rows, "acc", acc_range=(60.0, 100.0))
+    assert all(ax.get_legend() is None for ax in fig.axes)  # no legend over the curves
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [f"method {i}" for i in range(LEGEND_INSIDE + 2)]
+    fig.canvas.draw()
+    box, panels = legend.get_window_extent(), [ax.get_window_extent() for ax in fig.axes]
+    assert box.y1 < min(p.y0 for p in panels) and box.y0 >= 0  # under both panels, inside the figure
+    acc, loss = fig.axes
+    assert acc.get_ylim() == (60.0, 100.0) and acc.get_ylabel().endswith("(zoomed)")
+    assert loss.get_ylim()[1] < 1.5 and not loss.get_ylabel().endswith("(zoomed)")
+
+
+def test_report_cli_acc_range_zooms_the_written_curves_and_refuses_a_reversed_or_out_of_range_pair(
+        tmp_path, capsys, monkeypatch):
+    import fedblend.cli.report as rep
+    from fedblend.cli.main import main
+
+    drawn, real = [], rep.curves_figure
+    monkeypatch.setattr(rep, "curves_figure", lambda *a, **k: drawn.append(real(*a, **k)) or drawn[-1])
+    _fake_sweep(tmp_path / "runs")
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--acc-range", "95", "100"]) == 0
+    assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 5000
+    assert drawn and all(fig.axes[0].get_ylim() == (95.0, 100.0) for fig in drawn)
+    capsys.readouterr()
+    for bad in (("100", "95"), ("-5", "100"), ("90", "101")):
+        assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "bad"), "--acc-range", *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("fedblend: error: --acc-range") and "0 <= LOW < HIGH" in err[0]
+        assert not (tmp_path / "bad").exists()
 
 
 def test_report_writes_the_per_client_distribution_and_fairness_columns(tmp_path):

@@ -122,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
                      "t-interval; A and B name groups (label, method, part of a label, or label@hash)")
     rep.add_argument("--band", choices=["std", "ci"], default="std", help="the curves' band: sample std over seeds "
                      "(default, as the table) or the 95%% t-interval of the mean")
+    rep.add_argument("--acc-range", nargs=2, type=float, metavar=("LOW", "HIGH"), help="zoom the curves' "
+                     "accuracy axis to LOW-HIGH %% (e.g. 95 100 where the rows end close together; the loss axis "
+                     "stays whole)")
     _debug(rep)
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
@@ -306,7 +309,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "report":
         from fedblend.cli.report import report
 
-        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band), end="")
+        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band,
+                     acc_range=args.acc_range), end="")
         return 0
     overrides = list(args.overrides)
     for flag in ("device", "backend", "workers"):

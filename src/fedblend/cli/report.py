@@ -17,7 +17,8 @@ by its label, ``label@hash``, its sweep folder, its method, or a unique part of 
 Written files: ``table.md``, ``table.csv``, ``table.tex``, ``table.json``, ``unfinished.json``,
 ``compare.json`` / ``compare.md`` (with ``--compare``; fewer than 3 paired seeds add a warning that the interval
 means little), ``accuracy.png`` (accuracy and loss curves side by side, legend by method, the setting and the
-number of seeds in the title, the band's meaning stated: ``--band std`` (default) or ``ci``),
+number of seeds in the title, the band's meaning stated: ``--band std`` (default) or ``ci``; ``--acc-range LOW
+HIGH`` zooms the accuracy axis),
 ``global_accuracy.png`` where a global model exists, and ``per_client.png`` (every client's final-round accuracy
 per method, seeds pooled) where the runs recorded per-client results. The table's ``worst client %`` and ``client
 p10 %`` are the final round's worst client and 10th percentile, mean ± std over seeds.
@@ -26,6 +27,7 @@ p10 %`` are the final round's worst client and 10th percentile, mean ± std over
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -405,22 +407,28 @@ def ci_halfwidth(vals: np.ndarray, level: float = 0.95) -> np.ndarray:
     return stats.t.ppf(0.5 + level / 2, len(vals) - 1) * vals.std(0, ddof=1) / np.sqrt(len(vals))
 
 
+LEGEND_INSIDE = 5  # more rows than this: the legend goes below the panels
+TITLE_CHARS_PER_INCH = 14  # the title (10 pt) wraps at about this many characters per inch of figure width
 BANDS = {"std": "band: ± sample std over seeds (ddof = 1)", "ci": "band: 95% t-interval of the mean over seeds"}
 
 
-def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std", setting: str | None = None) -> None:
+def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std", setting: str | None = None,
+                acc_range: tuple[float, float] | None = None) -> None:
     """Write :func:`curves_figure` to ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = curves_figure(rows, key, band, setting)
+    fig = curves_figure(rows, key, band, setting, acc_range)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting: str | None = None):
+def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting: str | None = None,
+                  acc_range: tuple[float, float] | None = None):
     """Accuracy (left) and test loss (right) per round, mean over seeds with a band (``"std"``: ± the table's
     sample std; ``"ci"``: the 95% t-interval of the mean), one line per row, the legend by method, the title
-    stating the setting (``setting``, else the one every row's config shares) and the number of seeds."""
+    stating the setting (``setting``, else the one every row's config shares) and the number of seeds.
+    ``acc_range`` (%, low and high) zooms the accuracy axis, stated in the axis label; the loss axis is left
+    whole."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -444,20 +452,31 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
             axis.fill_between(got[0], np.maximum(lo, 0.0), np.minimum(hi, 100.0) if axis is ax else hi, alpha=0.2,
                               color=line.get_color())
     who = "global model" if key.startswith("global") else "personalized"
-    ax.set_ylabel(f"{who} test accuracy (%)")
+    ax.set_ylabel(f"{who} test accuracy (%)" + (" (zoomed)" if acc_range else ""))
+    if acc_range:
+        ax.set_ylim(*acc_range)
     lx.set_ylabel(f"{who} test loss")
     for axis in (ax, lx):
         axis.set_xlabel("round")
         integer_rounds(axis)
         axis.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    below = 0.0  # the share of the figure's height under the panels that the legend takes
+    if len(rows) <= LEGEND_INSIDE:
+        ax.legend(fontsize=8)
+    else:  # the figure's legend, below both panels, where it hides no curve
+        lines = -(-len(rows) // 4)
+        fig.set_figheight(4.4 + 0.22 * lines)
+        below = (0.1 + 0.22 * lines) / fig.get_figheight()
+        fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=4, frameon=False)
     n_text = f"{seeds[0]} seed{'s' if seeds[0] != 1 else ''}" if len(seeds) == 1 else \
         f"{min(seeds)}-{max(seeds)} seeds (n per method in the legend)"
     setting = setting or common_setting([r["_config"] for r in rows])
     warn = f" (only {min(seeds)} seeds: the interval is very wide)" if band == "ci" and min(seeds) == 2 else ""
-    fig.suptitle((f"{setting}: " if setting else "") + f"mean over {n_text}; "
-                 + (BANDS[band] + warn if max(seeds) > 1 else "one seed, no band"), fontsize=10)
-    fig.tight_layout()
+    title = (f"{setting}: " if setting else "") + f"mean over {n_text}; " + (
+        BANDS[band] + warn if max(seeds) > 1 else "one seed, no band")
+    # wrapped to the figure's width, never cut at its edges
+    fig.suptitle(textwrap.fill(title, width=int(TITLE_CHARS_PER_INCH * fig.get_figwidth())), fontsize=10)
+    fig.tight_layout(rect=(0, below, 1, 1))
     return fig
 
 
@@ -492,7 +511,13 @@ def notes(rows: list[dict], pending: list[dict]) -> str:
 
 
 def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bool = True,
-           compare: tuple[str, str] | None = None, band: str = "std") -> str:
+           compare: tuple[str, str] | None = None, band: str = "std",
+           acc_range: tuple[float, float] | None = None) -> str:
+    if acc_range is not None:
+        low, high = acc_range
+        if not 0.0 <= low < high <= 100.0:
+            raise ConfigError(f"--acc-range {low:g} {high:g}: give LOW HIGH in percent, 0 <= LOW < HIGH <= 100 "
+                              "(e.g. --acc-range 95 100)")
     runs = find_runs(paths)
     rows, pending = aggregate(runs), unfinished(runs)
     if not rows and not pending:
@@ -510,12 +535,12 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
     text = table + (compare_text(cmp) if cmp else "")
     if out_dir is not None:
         with DirLock(out_dir, "report folder"):
-            _write_report(Path(out_dir), table, rows, pending, cmp, plots, band)
+            _write_report(Path(out_dir), table, rows, pending, cmp, plots, band, acc_range)
     return text
 
 
 def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], cmp: dict | None, plots: bool,
-                  band: str = "std") -> None:
+                  band: str = "std", acc_range: tuple[float, float] | None = None) -> None:
     """The report's files in ``out`` (locked by the caller); a run directory is refused (its accuracy.png)."""
     if _is_run(out) or (out / "config.toml").exists() or (out / "checkpoint.pt").exists():
         raise ConfigError(f"report --out {out} is a run directory; write the report to a folder of its own")
@@ -529,7 +554,7 @@ def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], 
         (out / "compare.json").write_text(dumps(cmp, indent=2))
         (out / "compare.md").write_text(compare_text(cmp))
     if plots and rows:
-        plot_curves(rows, out / "accuracy.png", "acc", band)
+        plot_curves(rows, out / "accuracy.png", "acc", band, acc_range=acc_range)
         if any(r["global_best"] != "-" for r in rows):
-            plot_curves(rows, out / "global_accuracy.png", "global_acc", band)
+            plot_curves(rows, out / "global_accuracy.png", "global_acc", band, acc_range=acc_range)
         plot_per_client(rows, out / "per_client.png")
