@@ -20,6 +20,7 @@ markers is typed by hand.
     python scripts/tables.py                      # rewrite every generated block in place
     python scripts/tables.py --check              # exit 1 naming each block that differs from results/
     python scripts/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
+    python scripts/tables.py left                 # the campaigns' rows that still miss seeds (GOALS)
 
 ``tests/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
 """
@@ -455,6 +456,78 @@ RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, 
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 
+# ------------------------------------------------------------------------------------------------ what is left
+#: the campaigns' grid (issues #21 and #25): (table, column, the rows it needs (None: every row that applies),
+#: seeds per row). T4's Dir(0.1) column needs the pFedRLLA rows and the two best baselines of the main column
+#: (:func:`best_others`); the ALA table one seed per row, three for a pair whose gain is unclear (:func:`ala_unclear`).
+T4_DIR_BEST = 2
+GOALS = (
+    (T1, "pat", None, 3), (T1, "dir", None, 3),
+    (T3, "pat", None, 3),
+    (ALA, "dir", None, 1),
+    (T4, "fmnist-pat2", None, 3), (T4, "mnist-domains", None, 1),
+    (T4, "fmnist-dir0.1", "pfedrlla-and-best", 1),
+    (T4_ABLATIONS, "fmnist-pat2", None, 1),
+)
+#: an ALA gain at least this large (points, the mean over the seeds both rows have) has a clear sign at one seed
+ALA_CLEAR = 1.0
+
+
+def seeds_run(row: Row, table: Table, column: str, repo: Path = REPO) -> list[int]:
+    """The seeds of a row's finished or diverged runs (a diverged run is a result: the tables name it)."""
+    return sorted({s["seed"] for st in ("finished", "diverged") for s in row.runs(table, column, repo, st)})
+
+
+def best_others(table: Table, column: str, mine: tuple[str, ...], n: int, repo: Path = REPO) -> list[str]:
+    """The ``n`` best rows of ``column`` that are not ``mine``, by the mean of their metric over seeds."""
+    scored = []
+    for r in table.rows:
+        vals = [x[r.metric] for x in r.runs(table, column, repo) if x.get(r.metric) is not None]
+        if r.key not in mine and vals:
+            scored.append((float(np.mean(vals)), r.key))
+    return [k for _, k in sorted(scored, reverse=True)[:n]]
+
+
+def ala_unclear(table: Table, column: str, repo: Path = REPO) -> set[str]:
+    """The ALA pairs (host and host+ala keys) whose gain's sign is not yet clear: under :data:`ALA_CLEAR` points on
+    average, or of both signs over the seeds. A pair whose +ala run diverged is settled (its finding is the
+    divergence), and so is one with three paired seeds."""
+    out = set()
+    rows = {r.key: r for r in table.rows}
+    for key, row in rows.items():
+        if not key.endswith("+ala") or key[:-4] not in rows:
+            continue
+        host = rows[key[:-4]]
+        a = {s["seed"]: s.get(row.metric) for s in row.runs(table, column, repo)}
+        b = {s["seed"]: s.get(host.metric) for s in host.runs(table, column, repo)}
+        gains = [a[k] - b[k] for k in a if k in b and a[k] is not None and b[k] is not None]
+        if not gains or len(gains) >= 3:
+            continue
+        if abs(np.mean(gains)) * 100 < ALA_CLEAR or min(gains) < 0 < max(gains):
+            out |= {host.key, key}
+    return out
+
+
+def left(repo: Path = REPO) -> list[str]:
+    """One line per row of :data:`GOALS` that misses seeds: ``table column row: have [..], missing [..]`` (the
+    missing seeds are the lowest ones the row lacks)."""
+    lines = []
+    for table, column, which, need in GOALS:
+        rows = [r for r in table.rows if r.applies(column)]
+        if which == "pfedrlla-and-best":
+            keep = set(T4_MINE) | set(best_others(table, "fmnist-pat2", T4_MINE, T4_DIR_BEST, repo))
+            rows = [r for r in rows if r.key in keep]
+        unclear = ala_unclear(table, column, repo) if table.gains else set()
+        for r in rows:
+            have = seeds_run(r, table, column, repo)
+            goal = 3 if r.key in unclear else need
+            missing = [k for k in range(goal + len(have)) if k not in have][:max(0, goal - len(have))]
+            if missing:
+                lines.append(f"{table.name} {column} {r.key}: have {have}, missing {missing}"
+                             + (" (ALA gain's sign unclear)" if r.key in unclear else ""))
+    return lines
+
+
 # ------------------------------------------------------------------------------------------------ docs
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
 
@@ -513,7 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("sweep")
     c.add_argument("dest")
     c.add_argument("--row", help="the row folder (default: each run's method)")
+    sub.add_parser("left", help="the campaigns' runs still missing from results/ (row, seeds)")
     args = ap.parse_args(argv)
+    if args.cmd == "left":
+        lines = left()
+        print("\n".join(lines) if lines else "every campaign row has its seeds")
+        return 0
     if args.cmd == "collect":
         for p in collect(Path(args.sweep), Path(args.dest), args.row):
             print(p)

@@ -262,3 +262,30 @@ def test_t4_ablation_bp_and_ap_average_the_last_rounds_and_both_is_the_t4_pfedrl
     both = next(x for x in text if x.startswith("| Both:"))
     assert both.endswith("| - | - | 98.00 (1 seed) | 20.0 (1 seed) |")  # its metrics.jsonl here has no bp_acc
     assert "| None: body and head averaged (FedAvg's aggregation) | not run | not run | not run | not run |" in text
+
+
+def test_left_lists_the_missing_seeds_and_asks_three_for_an_unclear_ala_gain(tables, tmp_path):
+    """``tables.py left``: a T4 main-column row with seed 0 misses seeds 1 and 2; an ALA pair whose gain is
+    under a point (or of both signs) needs three seeds, a clear or diverged one only its first; the Dir(0.1)
+    column asks for the two best baselines of the main column and no other."""
+    for key, acc in (("fedphp", 0.99), ("fedavg-ft", 0.98), ("local", 0.97), ("pfedrlla", 0.96)):
+        _run(tmp_path, f"results/t4/fmnist-pat2/{key}", 0, best_accuracy=acc)
+    _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla", 2, best_accuracy=0.95)
+    for host, gains in (("ditto", (0.004,)), ("pfedme", (0.02,)), ("fedrep", (0.02, -0.03))):
+        for seed, g in enumerate(gains):
+            _run(tmp_path, f"results/ala/dir/{host}", seed, best_accuracy=0.9)
+            _run(tmp_path, f"results/ala/dir/{host}+ala", seed, best_accuracy=0.9 + g)
+    _run(tmp_path, "results/ala/dir/partialfed", 0, best_accuracy=0.9)
+    _run(tmp_path, "results/ala/dir/partialfed+ala", 0, status="diverged", best_accuracy=None)
+    got = {line.split(":")[0]: line for line in tables.left(tmp_path)}
+    assert got["t4 fmnist-pat2 fedphp"] == "t4 fmnist-pat2 fedphp: have [0], missing [1, 2]"
+    assert got["t4 fmnist-pat2 pfedrlla"] == "t4 fmnist-pat2 pfedrlla: have [0, 2], missing [1]"
+    assert got["t4 fmnist-pat2 fedala"] == "t4 fmnist-pat2 fedala: have [], missing [0, 1, 2]"
+    dir01 = sorted(k.split()[-1] for k in got if k.startswith("t4 fmnist-dir0.1 "))
+    assert dir01 == ["fedavg-ft", "fedphp", "pfedrlla", "pfedrlla-pretrained"]
+    for key in ("ditto", "ditto+ala"):  # +0.4 points: unclear
+        assert got[f"ala dir {key}"] == f"ala dir {key}: have [0], missing [1, 2] (ALA gain's sign unclear)"
+    assert got["ala dir fedrep+ala"].endswith("have [0, 1], missing [2] (ALA gain's sign unclear)")  # +2, -3
+    for key in ("pfedme", "pfedme+ala", "partialfed", "partialfed+ala"):  # +2 points; a divergence
+        assert f"ala dir {key}" not in got
+    assert "ala dir perfedavg: have [], missing [0]" in got.values()
