@@ -450,6 +450,7 @@ def render_validation(repo: Path = REPO) -> str:
 
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
              "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
+             "t4-vs-pfedrlla": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T4, "pfedrlla", repo)),
              "t4-verdict": ("docs/benchmarks.md",
                             lambda repo=REPO: render_verdict(T4, T4_MINE, repo)),
              "t4-ablations": ("docs/benchmarks.md", lambda repo=REPO: render_ablation(T4_ABLATIONS, repo=repo)),
