@@ -237,14 +237,18 @@ def cell(summaries: list[dict], metric: str, paper: float | None, scale: float =
 
 
 def gain_cell(host: list[dict], hosted: list[dict], host_metric: str) -> str:
-    """Mean over the seeds both have of (X+ala best) - (X's reported metric), in points."""
+    """(X+ala best) - (X's reported metric), in points, paired over the seeds both have: the mean, its 95 %
+    Student-t interval from two seeds on (:func:`paired_cell`), and each seed's gain."""
     a = {s["seed"]: s.get("best_accuracy") for s in hosted}
     b = {s["seed"]: s.get(host_metric) for s in host}
     seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
     if not seeds:
         return "-"
+    text = paired_cell(hosted, host, "best_accuracy", host_metric)
+    if len(seeds) == 1:
+        return text.removesuffix(" (1 seed)")
     d = np.array([a[k] - b[k] for k in seeds]) * 100
-    return f"{d.mean():+.2f}" + ("" if len(d) == 1 else f" (per seed {' / '.join(f'{x:+.2f}' for x in d)})")
+    return text[:-1] + f"; per seed {' / '.join(f'{x:+.2f}' for x in d)})"
 
 
 def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95,
@@ -283,7 +287,7 @@ def render(table: Table, repo: Path = REPO) -> str:
     head = ["method"] + [f"{label} [paper]" if any(c in r.paper for r in table.rows) else label
                          for c, label in table.columns]
     if table.gains:
-        head += ["gain from ALA (points)"]
+        head += ["gain from ALA (points, paired by seed: mean [95 % interval])"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table.rows:
         cells = [row.label]

@@ -62,7 +62,12 @@ def test_ala_gain_is_paired_by_seed(tmp_path, tables):
         _run(tmp_path, "results/ala/dir/ditto+ala", seed, method="ditto+ala", best_accuracy=b)
     _run(tmp_path, "results/ala/dir/ditto+ala", 7, method="ditto+ala", best_accuracy=0.1)  # no partner: left out
     line = next(x for x in tables.render(tables.ALA, tmp_path).splitlines() if x.startswith("| ditto+ala |"))
-    assert line.endswith("| +5.50 (per seed +5.00 / +6.00) |")
+    # mean 5.50, sem 0.50, t(0.975, 1 dof) = 12.706: the interval is 5.50 -/+ 6.35
+    assert line.endswith("| +5.50 [-0.85, +11.85] (2 seeds; per seed +5.00 / +6.00) |")
+    _run(tmp_path, "results/ala/dir/pfedme", 0, method="pfedme", best_accuracy=0.9)
+    _run(tmp_path, "results/ala/dir/pfedme+ala", 0, method="pfedme+ala", best_accuracy=0.8)
+    line = next(x for x in tables.render(tables.ALA, tmp_path).splitlines() if x.startswith("| pfedme+ala |"))
+    assert line.endswith("| -10.00 |")  # one seed: no interval
 
 
 
