@@ -45,6 +45,12 @@ def numeric_flags() -> list[tuple[str, str, object]]:
     return out
 
 
+def values_of(cmd: str, flag: str, value: str) -> list[str]:
+    """``value`` once per number the flag takes (``report --acc-range LOW HIGH`` takes two)."""
+    (action,) = [a for a in subcommands()[cmd]._actions if flag in a.option_strings]
+    return [value] * (action.nargs if isinstance(action.nargs, int) else 1)
+
+
 def test_every_numeric_flag_of_every_command_has_a_range():
     flags = numeric_flags()
     assert {c for c, _, _ in flags} >= {"run", "sweep", "bench", "pretrain", "deploy"}
@@ -63,7 +69,7 @@ def test_a_bad_value_of_any_flag_is_one_line_and_exit_2(tmp_path, capsys, monkey
     monkeypatch.chdir(tmp_path)
     if flag == "--seeds" and value == "0":
         pytest.skip("seed 0 is valid")
-    rc = main([cmd, *REQUIRED[cmd], flag, value])
+    rc = main([cmd, *REQUIRED[cmd], flag, *values_of(cmd, flag, value)])
     assert rc == 2
     line = error_line(capsys)
     assert flag in line and ("must be" in line or "invalid" in line), line

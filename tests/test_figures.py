@@ -134,7 +134,8 @@ def test_report_cli_acc_range_zooms_the_written_curves_and_refuses_a_reversed_or
     for bad in (("100", "95"), ("-5", "100"), ("90", "101")):
         assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "bad"), "--acc-range", *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("fedblend: error: --acc-range") and "0 <= LOW < HIGH" in err[0]
+        assert len(err) == 1 and err[0].startswith("fedblend: error: ") and "--acc-range" in err[0], err
+        assert "must be" in err[0] and ("0 <= LOW < HIGH" in err[0] or "[0, 100]" in err[0]), err
         assert not (tmp_path / "bad").exists()
 
 

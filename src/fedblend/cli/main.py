@@ -122,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
                      "t-interval; A and B name groups (label, method, part of a label, or label@hash)")
     rep.add_argument("--band", choices=["std", "ci"], default="std", help="the curves' band: sample std over seeds "
                      "(default, as the table) or the 95%% t-interval of the mean")
-    rep.add_argument("--acc-range", nargs=2, type=float, metavar=("LOW", "HIGH"), help="zoom the curves' "
+    rep.add_argument("--acc-range", nargs=2, type=float_in(flags.ACC_RANGE), metavar=("LOW", "HIGH"), help="zoom the curves' "
                      "accuracy axis to LOW-HIGH %% (e.g. 95 100 where the rows end close together; the loss axis "
                      "stays whole)")
     _debug(rep)

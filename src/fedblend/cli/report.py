@@ -516,8 +516,8 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
     if acc_range is not None:
         low, high = acc_range
         if not 0.0 <= low < high <= 100.0:
-            raise ConfigError(f"--acc-range {low:g} {high:g}: give LOW HIGH in percent, 0 <= LOW < HIGH <= 100 "
-                              "(e.g. --acc-range 95 100)")
+            raise ConfigError(f"--acc-range must be LOW HIGH in percent with 0 <= LOW < HIGH <= 100, got {low:g} "
+                              f"{high:g} (e.g. --acc-range 95 100)")
     runs = find_runs(paths)
     rows, pending = aggregate(runs), unfinished(runs)
     if not rows and not pending:
