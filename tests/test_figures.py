@@ -119,6 +119,36 @@ def test_report_curves_of_many_rows_put_the_legend_below_the_panels_and_zoom_onl
     assert loss.get_ylim()[1] < 1.5 and not loss.get_ylabel().endswith("(zoomed)")
 
 
+def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_path):
+    from fedblend.cli.report import aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
+    rows = [dict(row, legend=f"method {i}") for i in range(13)]
+    for axis in curves_figure(rows, "acc").axes:
+        looks = [(line.get_color(), line.get_linestyle()) for line in axis.get_lines()]
+        assert len(looks) == 13 and len(set(looks)) == 13, looks
+
+
+def test_legends_show_an_empty_config_value_and_per_client_labels_fit_their_box(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from fedblend.cli.report import legend_labels
+    from fedblend.figures import plot_client_distribution
+
+    rows = [{"method": "pfedrlla", "label": f"r{i}", "_config": {"method": "pfedrlla", "options": {"agent": a}}}
+            for i, a in enumerate(("", "agents/t4-fmnist-pat4.pt"))]
+    labels = legend_labels(rows)
+    assert labels == ['pFedRLLA (options.agent="")', "pFedRLLA (options.agent=agents/t4-fmnist-pat4.pt)"]
+    shown, real = [], matplotlib.axes.Axes.set_xticklabels
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticklabels",
+                        lambda self, texts, **k: shown.extend(texts) or real(self, texts, **k))
+    plot_client_distribution([(name, [0.9, 0.8], 1) for name in labels], tmp_path / "pc.png", "setting")
+    names = [t.splitlines()[:-1] for t in shown]  # the last line counts the clients
+    assert len(names) == 2 and all(len(line) <= 22 for name in names for line in name), shown
+    assert " ".join(names[0]) == labels[0] and "".join(names[1]).replace(" ", "") == labels[1].replace(" ", "")
+
+
 def test_report_cli_acc_range_zooms_the_written_curves_and_refuses_a_reversed_or_out_of_range_pair(
         tmp_path, capsys, monkeypatch):
     import fedblend.cli.report as rep

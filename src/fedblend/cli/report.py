@@ -183,10 +183,15 @@ def legend_labels(rows: list[dict]) -> list[str]:
             ignore = ("seed", "name", "log", "backend", "workers", "store")
             keys = sorted({d.split(":")[0] for t in twins for d in config_diff(t["_config"], row["_config"], ignore)})
             flat = dotted_keys(row["_config"])
-            diff = ", ".join(f"{k}={flat.get(k, '-')}" for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+            diff = ", ".join(f"{k}={_shown(flat.get(k, '-'))}" for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
             name += f" ({diff or row['label']})"
         out.append(name)
     return out
+
+
+def _shown(value: Any) -> str:
+    """A config value in a legend: an empty string as ``""`` (``options.agent=""``, not ``options.agent=``)."""
+    return '""' if value == "" else str(value)
 
 
 def rounds_to_target_cell(summaries: list[dict]) -> str:
@@ -407,6 +412,7 @@ def ci_halfwidth(vals: np.ndarray, level: float = 0.95) -> np.ndarray:
     return stats.t.ppf(0.5 + level / 2, len(vals) - 1) * vals.std(0, ddof=1) / np.sqrt(len(vals))
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
 LEGEND_INSIDE = 5  # more rows than this: the legend goes below the panels
 TITLE_CHARS_PER_INCH = 14  # the title (10 pt) wraps at about this many characters per inch of figure width
 BANDS = {"std": "band: ± sample std over seeds (ddof = 1)", "ci": "band: 95% t-interval of the mean over seeds"}
@@ -439,7 +445,8 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
     loss_key = "global_loss" if key.startswith("global") else "loss"
     fig, (ax, lx) = plt.subplots(1, 2, figsize=(11, 4.4))
     seeds = sorted({r["n"] for r in rows})
-    for row in rows:
+    for i, row in enumerate(rows):
+        style = LINE_STYLES[(i // 10) % len(LINE_STYLES)]  # the colour cycle has 10 colours: then a new style
         for axis, k, scale in ((ax, key, 100.0), (lx, loss_key, 1.0)):
             got = _curves(row, k)
             if got is None or not got[0]:
@@ -447,7 +454,8 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
             mean, std = mean_std(got[1] * scale)
             half = std if band == "std" else ci_halfwidth(got[1] * scale)
             label = row["legend"] + (f" (n = {row['n']})" if len(seeds) > 1 else "")
-            line, = axis.plot(got[0], mean, label=label, marker="." if len(got[0]) < 30 else None)
+            line, = axis.plot(got[0], mean, label=label, marker="." if len(got[0]) < 30 else None, linestyle=style,
+                              color=f"C{i % 10}")
             lo, hi = mean - half, mean + half  # an accuracy lies in [0, 100] and a loss is >= 0: the band too
             axis.fill_between(got[0], np.maximum(lo, 0.0), np.minimum(hi, 100.0) if axis is ax else hi, alpha=0.2,
                               color=line.get_color())
