@@ -119,6 +119,19 @@ def test_report_curves_of_many_rows_put_the_legend_below_the_panels_and_zoom_onl
     assert loss.get_ylim()[1] < 1.5 and not loss.get_ylabel().endswith("(zoomed)")
 
 
+def test_report_global_curves_count_only_the_rows_that_have_a_global_model(tmp_path):
+    from fedblend.cli.report import aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    for metrics in (tmp_path / "runs" / "t1-fmnist-dir-fedala").rglob("metrics.jsonl"):  # 2 seeds; FedAPA 3, no w
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**r, "global_acc": 0.4, "global_loss": 1.0}) + "\n" for r in rows))
+    fig = curves_figure(aggregate(find_runs([tmp_path / "runs"])), "global_acc")
+    title = " ".join(fig._suptitle.get_text().split())
+    assert "mean over 2 seeds;" in title, title
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["FedALA"]
+
+
 def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_path):
     from fedblend.cli.report import aggregate, curves_figure, find_runs
 

@@ -444,11 +444,13 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
 
     loss_key = "global_loss" if key.startswith("global") else "loss"
     fig, (ax, lx) = plt.subplots(1, 2, figsize=(11, 4.4))
-    seeds = sorted({r["n"] for r in rows})
+    curves = [(_curves(r, key), _curves(r, loss_key)) for r in rows]
+    # a row without this curve (no global model) is not drawn, and its seeds are not counted in the title
+    drawn = [r for r, (acc, _) in zip(rows, curves) if acc and acc[0]] or rows
+    seeds = sorted({r["n"] for r in drawn})
     for i, row in enumerate(rows):
         style = LINE_STYLES[(i // 10) % len(LINE_STYLES)]  # the colour cycle has 10 colours: then a new style
-        for axis, k, scale in ((ax, key, 100.0), (lx, loss_key, 1.0)):
-            got = _curves(row, k)
+        for axis, got, scale in ((ax, curves[i][0], 100.0), (lx, curves[i][1], 1.0)):
             if got is None or not got[0]:
                 continue
             mean, std = mean_std(got[1] * scale)
@@ -469,10 +471,10 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
         integer_rounds(axis)
         axis.grid(alpha=0.3)
     below = 0.0  # the share of the figure's height under the panels that the legend takes
-    if len(rows) <= LEGEND_INSIDE:
+    if len(drawn) <= LEGEND_INSIDE:
         ax.legend(fontsize=8)
     else:  # the figure's legend, below both panels, where it hides no curve
-        lines = -(-len(rows) // 4)
+        lines = -(-len(drawn) // 4)
         fig.set_figheight(4.4 + 0.22 * lines)
         below = (0.1 + 0.22 * lines) / fig.get_figheight()
         fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=4, frameon=False)
