@@ -513,23 +513,43 @@ def ala_unclear(table: Table, column: str, repo: Path = REPO) -> set[str]:
     return out
 
 
+def run_minutes(runs: list[dict]) -> float | None:
+    """The mean minutes of a run (``seconds_per_round`` x ``rounds`` of each summary; None without runs): what
+    one more run of the same row costs on the machine and load that ran these (two runs sharing 2 cores)."""
+    vals = [s["seconds_per_round"] * s["rounds"] / 60 for s in runs if s.get("seconds_per_round") and s.get("rounds")]
+    return float(np.mean(vals)) if vals else None
+
+
 def left(repo: Path = REPO) -> list[str]:
     """One line per row of :data:`GOALS` that misses seeds: ``table column row: have [..], missing [..]`` (the
-    missing seeds are the lowest ones the row lacks)."""
-    lines = []
+    missing seeds are the lowest ones the row lacks) with the minutes one run took (:func:`run_minutes`: the row's
+    runs, else marked "about": the row's runs in the table's other columns, else the median of its column's
+    rows), and a last line with the total."""
+    lines, total, count = [], 0.0, 0
     for table, column, which, need in GOALS:
         rows = [r for r in table.rows if r.applies(column)]
         if which == "pfedrlla-and-best":
             keep = set(T4_MINE) | set(best_others(table, "fmnist-pat2", T4_MINE, T4_DIR_BEST, repo))
             rows = [r for r in rows if r.key in keep]
         unclear = ala_unclear(table, column, repo) if table.gains else set()
+        costs = [m for r in table.rows if (m := run_minutes(r.runs(table, column, repo))) is not None]
         for r in rows:
             have = seeds_run(r, table, column, repo)
             goal = 3 if r.key in unclear else need
             missing = [k for k in range(goal + len(have)) if k not in have][:max(0, goal - len(have))]
             if missing:
+                own = run_minutes(r.runs(table, column, repo))
+                elsewhere = run_minutes([x for c, _ in table.columns for x in r.runs(table, c, repo)])
+                cost = next((m for m in (own, elsewhere, float(np.median(costs)) if costs else None)
+                             if m is not None), None)
                 lines.append(f"{table.name} {column} {r.key}: have {have}, missing {missing}"
-                             + (" (ALA gain's sign unclear)" if r.key in unclear else ""))
+                             + (" (ALA gain's sign unclear)" if r.key in unclear else "")
+                             + ("" if cost is None else f"; {'' if own is not None else 'about '}{cost:.0f} min a run"))
+                total += (cost or 0.0) * len(missing)
+                count += len(missing)
+    if count:
+        lines.append(f"left: {count} runs, about {total / 60:.1f} hours of run time (two at a time: about "
+                     f"{total / 120:.1f} hours)")
     return lines
 
 

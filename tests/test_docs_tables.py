@@ -273,8 +273,8 @@ def test_left_lists_the_missing_seeds_and_asks_three_for_an_unclear_ala_gain(tab
     """``tables.py left``: a T4 main-column row with seed 0 misses seeds 1 and 2; an ALA pair whose gain is
     under a point (or of both signs) needs three seeds, a clear or diverged one only its first; the Dir(0.1)
     column asks for the two best baselines of the main column and no other."""
-    for key, acc in (("fedphp", 0.99), ("fedavg-ft", 0.98), ("local", 0.97), ("pfedrlla", 0.96)):
-        _run(tmp_path, f"results/t4/fmnist-pat2/{key}", 0, best_accuracy=acc)
+    for key, acc, spr in (("fedphp", 0.99, 30), ("fedavg-ft", 0.98, 12), ("local", 0.97, 6), ("pfedrlla", 0.96, 18)):
+        _run(tmp_path, f"results/t4/fmnist-pat2/{key}", 0, best_accuracy=acc, seconds_per_round=spr, rounds=100)
     _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla", 2, best_accuracy=0.95)
     for host, gains in (("ditto", (0.004,)), ("pfedme", (0.02,)), ("fedrep", (0.02, -0.03))):
         for seed, g in enumerate(gains):
@@ -282,14 +282,18 @@ def test_left_lists_the_missing_seeds_and_asks_three_for_an_unclear_ala_gain(tab
             _run(tmp_path, f"results/ala/dir/{host}+ala", seed, best_accuracy=0.9 + g)
     _run(tmp_path, "results/ala/dir/partialfed", 0, best_accuracy=0.9)
     _run(tmp_path, "results/ala/dir/partialfed+ala", 0, status="diverged", best_accuracy=None)
-    got = {line.split(":")[0]: line for line in tables.left(tmp_path)}
-    assert got["t4 fmnist-pat2 fedphp"] == "t4 fmnist-pat2 fedphp: have [0], missing [1, 2]"
-    assert got["t4 fmnist-pat2 pfedrlla"] == "t4 fmnist-pat2 pfedrlla: have [0, 2], missing [1]"
-    assert got["t4 fmnist-pat2 fedala"] == "t4 fmnist-pat2 fedala: have [], missing [0, 1, 2]"
+    out = tables.left(tmp_path)
+    got = {line.split(":")[0]: line for line in out}
+    assert got["t4 fmnist-pat2 fedphp"] == "t4 fmnist-pat2 fedphp: have [0], missing [1, 2]; 50 min a run"
+    assert got["t4 fmnist-pat2 pfedrlla"] == "t4 fmnist-pat2 pfedrlla: have [0, 2], missing [1]; 30 min a run"
+    # no run of its own: the median of the column's rows (10, 20, 30, 50 min)
+    assert got["t4 fmnist-pat2 fedala"] == "t4 fmnist-pat2 fedala: have [], missing [0, 1, 2]; about 25 min a run"
+    assert got["t4 fmnist-dir0.1 fedphp"].endswith("missing [0]; about 50 min a run")  # its FMNIST s = 2 runs
+    assert out[-1].startswith(f"left: {sum(len(x.split('missing [')[1].split(']')[0].split(',')) for x in out[:-1])} runs")
     dir01 = sorted(k.split()[-1] for k in got if k.startswith("t4 fmnist-dir0.1 "))
     assert dir01 == ["fedavg-ft", "fedphp", "pfedrlla", "pfedrlla-pretrained"]
     for key in ("ditto", "ditto+ala"):  # +0.4 points: unclear
-        assert got[f"ala dir {key}"] == f"ala dir {key}: have [0], missing [1, 2] (ALA gain's sign unclear)"
+        assert got[f"ala dir {key}"] == f"ala dir {key}: have [0], missing [1, 2] (ALA gain's sign unclear)"  # no cost
     assert got["ala dir fedrep+ala"].endswith("have [0, 1], missing [2] (ALA gain's sign unclear)")  # +2, -3
     for key in ("pfedme", "pfedme+ala", "partialfed", "partialfed+ala"):  # +2 points; a divergence
         assert f"ala dir {key}" not in got
