@@ -21,6 +21,7 @@ markers is typed by hand.
     python scripts/tables.py --check              # exit 1 naming each block that differs from results/
     python scripts/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
     python scripts/tables.py left                 # the campaigns' rows that still miss seeds (GOALS)
+    python scripts/tables.py left --commands      # the commands that run them (MINUTES, COMMIT, COMMAND)
 
 ``tests/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
 """
@@ -520,12 +521,26 @@ def run_minutes(runs: list[dict]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def left(repo: Path = REPO) -> list[str]:
-    """One line per row of :data:`GOALS` that misses seeds: ``table column row: have [..], missing [..]`` (the
-    missing seeds are the lowest ones the row lacks) with the minutes one run took (:func:`run_minutes`: the row's
-    runs, else marked "about": the row's runs in the table's other columns, else the median of its column's
-    rows), and a last line with the total."""
-    lines, total, count = [], 0.0, 0
+@dataclass(frozen=True)
+class Missing:
+    """A row of :data:`GOALS` that misses seeds: the seeds it has and lacks, and the minutes one run takes
+    (``own``: measured on the row's own runs of the column; otherwise an estimate)."""
+
+    table: Table
+    column: str
+    row: Row
+    have: list[int]
+    missing: list[int]
+    minutes: float | None
+    own: bool
+    unclear: bool
+
+
+def missing_runs(repo: Path = REPO) -> list[Missing]:
+    """The rows of :data:`GOALS` that miss seeds (the missing seeds are the lowest ones the row lacks), with the
+    minutes one run takes (:func:`run_minutes`: the row's runs, else the row's runs in the table's other columns,
+    else the median of its column's rows)."""
+    out = []
     for table, column, which, need in GOALS:
         rows = [r for r in table.rows if r.applies(column)]
         if which == "pfedrlla-and-best":
@@ -542,14 +557,118 @@ def left(repo: Path = REPO) -> list[str]:
                 elsewhere = run_minutes([x for c, _ in table.columns for x in r.runs(table, c, repo)])
                 cost = next((m for m in (own, elsewhere, float(np.median(costs)) if costs else None)
                              if m is not None), None)
-                lines.append(f"{table.name} {column} {r.key}: have {have}, missing {missing}"
-                             + (" (ALA gain's sign unclear)" if r.key in unclear else "")
-                             + ("" if cost is None else f"; {'' if own is not None else 'about '}{cost:.0f} min a run"))
-                total += (cost or 0.0) * len(missing)
-                count += len(missing)
+                out.append(Missing(table, column, r, have, missing, cost, own is not None, r.key in unclear))
+    return out
+
+
+def left(repo: Path = REPO) -> list[str]:
+    """One line per row of :data:`GOALS` that misses seeds (:func:`missing_runs`): ``table column row: have [..],
+    missing [..]`` with the minutes a run takes ("about" when estimated), and a last line with the total."""
+    lines, total, count = [], 0.0, 0
+    for m in missing_runs(repo):
+        lines.append(f"{m.table.name} {m.column} {m.row.key}: have {m.have}, missing {m.missing}"
+                     + (" (ALA gain's sign unclear)" if m.unclear else "")
+                     + ("" if m.minutes is None else f"; {'' if m.own else 'about '}{m.minutes:.0f} min a run"))
+        total += (m.minutes or 0.0) * len(m.missing)
+        count += len(m.missing)
     if count:
         lines.append(f"left: {count} runs, about {total / 60:.1f} hours of run time (two at a time: about "
                      f"{total / 120:.1f} hours)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ how to run it
+#: T4's columns as config names: ``configs/t4/<prefix>-<row>.toml`` (or ``configs/benchmarks/``) where a row has
+#: its own config, else ``<prefix>-fedavg.toml`` with the row's method (its options at their defaults)
+T4_PREFIX = {"fmnist-pat2": "t4-fmnist-pat2", "mnist-domains": "t4-mnist_star-domains",
+             "fmnist-dir0.1": "t4-fmnist-dir0.1"}
+#: T4's budget (the configs hold the 20-round one of the first measurements)
+T4_BUDGET = ("rounds=100", "eval.every=10")
+#: rows that are another row's config with options changed: (that row, the overrides)
+T4_DERIVED = {"pfedrlla-transfer": ("pfedrlla", ("options.agent=agents/t4-fmnist-pat4.pt",))}
+CONFIG_DIRS = ("configs/t4", "configs/benchmarks")
+
+
+def header_field(config: Path, key: str) -> str | None:
+    """A field of a run's ``config.toml`` header comment (``# git_commit: ...``), None when absent."""
+    for line in config.read_text().splitlines():
+        if line.startswith(f"# {key}: "):
+            return line.split(": ", 1)[1].strip()
+    return None
+
+
+def recipe(table: Table, column: str, key: str, repo: Path = REPO) -> tuple[str, list[str]] | None:
+    """How a T4 row is run before any of its seeds exists in ``column``: a config under ``configs/`` (relative to
+    the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); None
+    for the other tables (every row of T1, T3 and the ALA table has a run to copy)."""
+    if table.name not in ("t4", "t4-ablations") or column not in T4_PREFIX:
+        return None
+    prefix = T4_PREFIX[column]
+    base, extra = T4_DERIVED.get(key, (key, ()))
+    sets = [*T4_BUDGET]
+    for d in CONFIG_DIRS:
+        if (repo / d / f"{prefix}-{base}.toml").exists():
+            if base != key:
+                sets.append(f"name={prefix}-{key}")
+            return f"{d}/{prefix}-{base}.toml", sets + list(extra)
+    for d in CONFIG_DIRS:
+        if (repo / d / f"{prefix}-fedavg.toml").exists():
+            return f"{d}/{prefix}-fedavg.toml", sets + [f"method={key}", f"name={prefix}-{key}", *extra]
+    return None
+
+
+def _agent_pretrain(config: Path, repo: Path) -> tuple[str, float | None, str] | None:
+    """The pre-training run behind a pFedRLLA config's ``options.agent`` file when that file is not in ``repo``:
+    (its commit, minutes, command), from ``results/t4/pretrain/*/seed0`` (whose ``agent.sha256`` names the file)."""
+    import tomllib
+
+    agent = tomllib.loads(config.read_text()).get("options", {}).get("agent") or ""
+    if not agent or (repo / agent).exists():
+        return None
+    for sha in sorted((repo / "results/t4/pretrain").glob("*/seed0/agent.sha256")):
+        if sha.read_text().split()[-1] == Path(agent).name:
+            cfg = sha.parent / "config.toml"
+            return (header_field(cfg, "git_commit") or "HEAD", run_minutes(load_runs(sha.parent.parent)),
+                    f"fedblend pretrain {cfg} --out {agent}")
+    return ("HEAD", None, f"# no pre-training run in results/t4/pretrain names {agent}")
+
+
+def commands(repo: Path = REPO, out_root: str = "runs") -> list[str]:
+    """The commands that produce what :func:`missing_runs` lists, one per line as ``MINUTES<TAB>COMMIT<TAB>
+    COMMAND``: run each from a checkout of COMMIT (``HEAD``: this one). A seed of a row that has a run in the
+    column repeats that run's ``config.toml`` (the resolved config, so the same code gives the same run but for
+    its seed); a row without one uses :func:`recipe` at the commit of the column's other runs. A pre-trained
+    agent that is not on disk is preceded by its pre-training (:func:`_agent_pretrain`). Rows read from another
+    row's or table's runs (``folder`` / ``root``) are that row's runs, and get a comment line instead.
+    Finished runs go back with ``tables.py collect OUT_ROOT/TABLE/COLUMN/ROW results/... --row ROW``."""
+    lines, pretrains = [], set()
+    for m in missing_runs(repo):
+        tag = f"{m.table.name} {m.column} {m.row.key}"
+        if m.row.folder or m.row.root:
+            lines.append(f"# {tag}: the runs of {m.row.root or m.table.root}/{m.column}/{m.row.where}")
+            continue
+        mine = sorted((repo / m.table.root / m.column / m.row.key).glob("seed*/config.toml"))
+        if mine:
+            config, commit, sets = mine[0], header_field(mine[0], "git_commit") or "HEAD", []
+            cmd = f"fedblend run {config}"
+        else:
+            how = recipe(m.table, m.column, m.row.key, repo)
+            if how is None:
+                lines.append(f"# {tag}: no run and no recipe (tables.py recipe)")
+                continue
+            config, sets = repo / how[0], how[1]
+            column_runs = sorted((repo / m.table.root / m.column).glob("*/seed*/config.toml"))
+            commit = next((c for f in column_runs if (c := header_field(f, "git_commit"))), "HEAD")
+            cmd = f"fedblend run {how[0]}" + "".join(f" --set {s}" for s in sets)
+        pre = _agent_pretrain(config, repo)
+        if pre is not None and pre[2] not in pretrains:
+            pretrains.add(pre[2])
+            lines.append(pre[2] if pre[2].startswith("#") else
+                         f"{'?' if pre[1] is None else f'{pre[1]:.0f}'}\t{pre[0]}\t{pre[2]}")
+        minutes = "?" if m.minutes is None else f"{m.minutes:.0f}"
+        for seed in m.missing:
+            lines.append(f"{minutes}\t{commit}\t{cmd} --set seed={seed} "
+                         f"--out {out_root}/{m.table.name}/{m.column}/{m.row.key}/seed{seed}")
     return lines
 
 
@@ -611,10 +730,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("sweep")
     c.add_argument("dest")
     c.add_argument("--row", help="the row folder (default: each run's method)")
-    sub.add_parser("left", help="the campaigns' runs still missing from results/ (row, seeds)")
+    lp = sub.add_parser("left", help="the campaigns' runs still missing from results/ (row, seeds)")
+    lp.add_argument("--commands", action="store_true",
+                    help="print MINUTES<TAB>COMMIT<TAB>COMMAND lines that run them instead")
+    lp.add_argument("--out-root", default="runs", help="where --commands puts the runs (default: runs)")
     args = ap.parse_args(argv)
     if args.cmd == "left":
-        lines = left()
+        lines = commands(out_root=args.out_root) if args.commands else left()
         print("\n".join(lines) if lines else "every campaign row has its seeds")
         return 0
     if args.cmd == "collect":

@@ -298,3 +298,68 @@ def test_left_lists_the_missing_seeds_and_asks_three_for_an_unclear_ala_gain(tab
     for key in ("pfedme", "pfedme+ala", "partialfed", "partialfed+ala"):  # +2 points; a divergence
         assert f"ala dir {key}" not in got
     assert "ala dir perfedavg: have [], missing [0]" in got.values()
+
+
+def test_left_commands_repeat_a_rows_run_config_pretrain_a_missing_agent_and_use_recipes(tables, tmp_path):
+    """``tables.py left --commands``: a missing seed of a row with a run repeats that run's ``config.toml`` at its
+    commit with the seed changed; a pre-trained row whose agent file is absent is preceded, once, by the
+    pre-training run that ``results/t4/pretrain`` says made it (and not when the file is there); a row with no
+    run in the column gets its recipe at the commit of the column's runs."""
+    pre = _run(tmp_path, "results/t4/fmnist-pat2/pfedrlla-pretrained", 0, best_accuracy=0.9, seconds_per_round=12,
+               rounds=100)
+    (pre / "config.toml").write_text('# git_commit: aaa111\nseed = 0\n[options]\nagent = "agents/a.pt"\n')
+    agent_run = _run(tmp_path, "results/t4/pretrain/x", 0, seconds_per_round=30, rounds=100)
+    (agent_run / "config.toml").write_text("# git_commit: bbb222\nseed = 0\n")
+    (agent_run / "agent.sha256").write_text("0123abcd  a.pt\n")
+    col = _run(tmp_path, "results/t4/mnist-domains/pfedrlla", 0, best_accuracy=0.8, seconds_per_round=18, rounds=100)
+    (col / "config.toml").write_text("# git_commit: ccc333\nseed = 0\n")
+    (tmp_path / "configs/t4").mkdir(parents=True)
+    (tmp_path / "configs/t4/t4-mnist_star-domains-fedavg.toml").write_text('method = "fedavg"\n')
+    out = tables.commands(tmp_path, out_root="R")
+    rows = [line.split("\t") for line in out if not line.startswith("#")]
+    pretrain = [i for i, r in enumerate(rows) if r[2].startswith("fedblend pretrain")]
+    assert len(pretrain) == 1 and rows[pretrain[0]] == [
+        "50", "bbb222", f"fedblend pretrain {agent_run / 'config.toml'} --out agents/a.pt"]
+    mine = [r for r in rows if "/pfedrlla-pretrained/" in r[2] and "fmnist-pat2" in r[2]]
+    assert mine == [["20", "aaa111", f"fedblend run {pre / 'config.toml'} --set seed={s} "
+                     f"--out R/t4/fmnist-pat2/pfedrlla-pretrained/seed{s}"] for s in (1, 2)]
+    assert pretrain[0] < rows.index(mine[0])
+    ditto = next(r for r in rows if "R/t4/mnist-domains/ditto/" in r[2])
+    assert ditto[1] == "ccc333" and ditto[2] == (
+        "fedblend run configs/t4/t4-mnist_star-domains-fedavg.toml --set rounds=100 --set eval.every=10 "
+        "--set method=ditto --set name=t4-mnist_star-domains-ditto --set seed=0 --out R/t4/mnist-domains/ditto/seed0")
+    assert "# ala dir fedphp: the runs of results/t1/dir/fedphp" in out  # T1's runs: no second command
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents/a.pt").write_bytes(b"")
+    assert not any("fedblend pretrain" in line for line in tables.commands(tmp_path))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def test_t4_recipes_resolve_to_the_committed_runs_configs(tables):
+    """Every T4 row that has a committed run: its recipe (``tables.recipe``), resolved by this code, gives every
+    field of that run's config the same value (seed aside; fields added since, like a new option's default, are
+    not in the old config), so ``left --commands`` runs the missing columns and seeds with the rows' settings."""
+    import tomllib
+
+    from fedblend.config import load_config
+
+    checked = 0
+    for table in (tables.T4, tables.T4_ABLATIONS):
+        for column, _ in table.columns:
+            for row in table.rows:
+                runs = sorted((tables.REPO / table.root / column / row.key).glob("seed*/config.toml"))
+                if row.root or not runs:
+                    continue
+                config, sets = tables.recipe(table, column, row.key)
+                new = _flat(load_config(tables.REPO / config, sets).resolved())
+                old = _flat(tomllib.loads(runs[0].read_text()))
+                assert {k: (v, new.get(k)) for k, v in old.items() if k != "seed" and v != new.get(k)} == {}, \
+                    (table.name, column, row.key)
+                checked += 1
+    assert checked >= 12

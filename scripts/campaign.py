@@ -1,0 +1,162 @@
+"""Run the campaigns' missing runs (``tables.py left --commands``), N at a time, each at its own commit, until a
+deadline: what a session on a fresh machine starts first.
+
+    python scripts/tables.py left --commands > queue.txt     # then reorder or delete lines as the plan needs
+    setsid nohup python scripts/campaign.py queue.txt --until 22:05 --jobs 2 --base ~/campaign &
+
+A queue line is ``MINUTES<TAB>COMMIT<TAB>fedblend run|pretrain CONFIG ARGS...`` (lines starting with ``#`` are
+skipped). Every command runs as ``python -m fedblend.cli.main`` imported from a detached worktree of this
+repository at COMMIT (``BASE/tree-<commit>``, made once; ``HEAD`` is this checkout's commit when the runner
+starts), so a run records the commit it ran, with BASE as its working directory: the relative ``--out`` folders
+and agent files (``agents/...``) of every commit meet there, and a relative CONFIG is read from the commit's
+tree. A line is started only when it can finish before ``--until`` (MINUTES x :data:`MARGIN`) and when the agent
+file its config loads (``options.agent``) exists, so a pre-trained row waits for its pre-training line; the
+others are tried in order. The queue file is rewritten without each line as it starts, so what is left stays
+there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log (``BASE/campaign.log``) has a
+line per start and end; collect finished runs with ``python scripts/tables.py collect BASE/runs/...
+results/...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+#: a run is started only if MINUTES x MARGIN fit before the deadline (run times vary with the machine's load)
+MARGIN = 1.2
+POLL_SECONDS = 20
+
+
+@dataclass(frozen=True)
+class Line:
+    minutes: float
+    commit: str
+    args: list[str]  # after "fedblend"
+    text: str
+
+    @property
+    def out(self) -> str:
+        return self.args[self.args.index("--out") + 1]
+
+
+def parse(text: str) -> list[Line]:
+    """The queue's lines (``#`` comments and blank lines skipped); exits naming a malformed line."""
+    lines = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        parts = raw.split("\t")
+        if len(parts) != 3 or not parts[2].startswith("fedblend ") or "--out" not in parts[2].split():
+            raise SystemExit(f"campaign: line {n} is not MINUTES<TAB>COMMIT<TAB>fedblend ... --out DIR: {raw!r}")
+        lines.append(Line(float(parts[0]) if parts[0] != "?" else 60.0, parts[1], shlex.split(parts[2])[1:], raw))
+    return lines
+
+
+def head() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+#: what ``HEAD`` in a queue line means: this checkout's commit when the runner started
+HEAD: dict[str, str] = {}
+
+
+def tree(commit: str, base: Path) -> Path:
+    """The worktree of ``commit`` under ``base`` (made detached on first use)."""
+    if commit == "HEAD":
+        commit = HEAD.setdefault("HEAD", head())
+    path = base / f"tree-{commit[:12]}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), commit], check=True,
+                       capture_output=True)
+    return path
+
+
+def config_path(line: Line, base: Path) -> Path:
+    """The command's CONFIG: absolute as given, else in the commit's tree."""
+    p = Path(line.args[1])
+    return p if p.is_absolute() else tree(line.commit, base) / p
+
+
+def ready(line: Line, base: Path) -> bool:
+    """False while the agent file the line's config loads (``options.agent``, relative to ``base``) is absent."""
+    agent = tomllib.loads(config_path(line, base).read_text()).get("options", {}).get("agent") or ""
+    for i, a in enumerate(line.args[:-1]):  # an override wins
+        if a == "--set" and line.args[i + 1].startswith("options.agent="):
+            agent = line.args[i + 1].split("=", 1)[1]
+    return not agent or (base / agent).exists()
+
+
+def fits(line: Line, deadline: float, now: float) -> bool:
+    return now + line.minutes * 60 * MARGIN <= deadline
+
+
+def start(line: Line, base: Path, log) -> subprocess.Popen:
+    wt = tree(line.commit, base)
+    args = list(line.args)
+    if not Path(args[1]).is_absolute():
+        args[1] = str(wt / args[1])
+    out = base / line.out
+    if (out / "checkpoint.pt").exists() or (out.with_name(out.name + ".run") / "checkpoint.pt").exists():
+        args.append("--resume")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(wt / "src"))
+    log.write(f"{time.strftime('%H:%M:%S')} start {line.out} ({line.minutes:.0f} min, {wt.name})\n")
+    log.flush()
+    with open(f"{out}.log", "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "fedblend.cli.main", *args, "--quiet"], cwd=base, env=env,
+                                stdout=f, stderr=subprocess.STDOUT)
+
+
+def deadline_of(text: str, now: dt.datetime) -> float:
+    """``HH:MM`` today (tomorrow when already past) as a timestamp."""
+    h, m = (int(x) for x in text.split(":"))
+    when = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    return (when if when > now else when + dt.timedelta(days=1)).timestamp()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("queue", type=Path)
+    ap.add_argument("--until", required=True, help="HH:MM: start no run that would end after it")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--base", type=Path, required=True, help="working directory of the runs (runs/, agents/)")
+    args = ap.parse_args(argv)
+    deadline = deadline_of(args.until, dt.datetime.now())
+    HEAD["HEAD"] = head()
+    args.base.mkdir(parents=True, exist_ok=True)
+    base = args.base.resolve()
+    running: dict[str, tuple[subprocess.Popen, Line]] = {}
+    with open(base / "campaign.log", "a") as log:
+        while True:
+            for key, (proc, line) in list(running.items()):
+                if proc.poll() is not None:
+                    log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}\n")
+                    log.flush()
+                    del running[key]
+            queue = parse(args.queue.read_text())
+            for line in queue:
+                if len(running) >= args.jobs:
+                    break
+                if line.out not in running and fits(line, deadline, time.time()) and ready(line, base):
+                    running[line.out] = (start(line, base, log), line)
+                    rest = [t for t in args.queue.read_text().splitlines() if t != line.text]
+                    args.queue.write_text("".join(t + "\n" for t in rest))
+            if not running:
+                log.write(f"{time.strftime('%H:%M:%S')} nothing left that fits before {args.until}\n")
+                return 0
+            time.sleep(POLL_SECONDS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``scripts/campaign.py``: the campaign runner's queue parsing, deadline and agent checks (the runs themselves
+are ``fedblend run`` / ``pretrain`` commands, tested elsewhere)."""
+
+import datetime as dt
+
+import pytest
+
+from tests.helpers import load_script
+
+
+@pytest.fixture(scope="module")
+def campaign():
+    return load_script("campaign")
+
+
+def test_parse_reads_tables_left_commands_lines_and_skips_comments(campaign):
+    text = ("# t4 mnist-domains: comment\n\n"
+            "30\tabc123\tfedblend run configs/x.toml --set seed=1 --out runs/t4/x/seed1\n"
+            "?\tHEAD\tfedblend pretrain /r/results/p/config.toml --out agents/a.pt\n")
+    a, b = campaign.parse(text)
+    assert (a.minutes, a.commit, a.args, a.out) == (
+        30.0, "abc123", ["run", "configs/x.toml", "--set", "seed=1", "--out", "runs/t4/x/seed1"], "runs/t4/x/seed1")
+    assert (b.minutes, b.out) == (60.0, "agents/a.pt")  # no measured time: an hour
+
+
+@pytest.mark.parametrize("bad", ["30 abc fedblend run x.toml --out o",  # spaces, not tabs
+                                 "30\tabc\tpython run x.toml --out o",  # not a fedblend command
+                                 "30\tabc\tfedblend run x.toml"])  # no --out
+def test_parse_names_a_malformed_line(campaign, bad):
+    with pytest.raises(SystemExit, match="line 1 is not MINUTES<TAB>COMMIT<TAB>fedblend"):
+        campaign.parse(bad + "\n")
+
+
+def test_a_line_fits_only_when_its_minutes_with_the_margin_end_before_the_deadline(campaign):
+    line = campaign.parse("50\tabc\tfedblend run /c.toml --out o\n")[0]
+    assert campaign.fits(line, deadline=1000 + 50 * 60 * campaign.MARGIN, now=1000)
+    assert not campaign.fits(line, deadline=1000 + 50 * 60 * campaign.MARGIN - 1, now=1000)
+
+
+def test_deadline_is_today_or_tomorrow_when_the_time_has_passed(campaign):
+    now = dt.datetime(2026, 11, 26, 19, 30)
+    assert campaign.deadline_of("22:05", now) == dt.datetime(2026, 11, 26, 22, 5).timestamp()
+    assert campaign.deadline_of("01:00", now) == dt.datetime(2026, 11, 27, 1, 0).timestamp()
+
+
+def test_a_run_that_loads_an_agent_waits_until_the_agent_file_exists(campaign, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('method = "pfedrlla"\n[options]\nagent = "agents/a.pt"\n')
+    line = campaign.parse(f"20\tabc\tfedblend run {cfg} --set seed=1 --out runs/x\n")[0]
+    other = campaign.parse(f"20\tabc\tfedblend run {cfg} --set options.agent=agents/b.pt --out runs/y\n")[0]
+    assert not campaign.ready(line, tmp_path) and not campaign.ready(other, tmp_path)
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents/a.pt").write_bytes(b"")
+    assert campaign.ready(line, tmp_path)
+    assert not campaign.ready(other, tmp_path)  # the override names another file
+    cfg.write_text('method = "fedavg"\n')
+    assert campaign.ready(line, tmp_path)  # no agent: ready
