@@ -9,12 +9,12 @@ skipped). Every command runs as ``python -m fedblend.cli.main`` imported from a 
 repository at COMMIT (``BASE/tree-<commit>``, made once; ``HEAD`` is this checkout's commit when the runner
 starts), so a run records the commit it ran, with BASE as its working directory: the relative ``--out`` folders
 and agent files (``agents/...``) of every commit meet there, and a relative CONFIG is read from the commit's
-tree. A line is started only when it can finish before ``--until`` (MINUTES x :data:`MARGIN`) and when the agent
-file its config loads (``options.agent``) exists, so a pre-trained row waits for its pre-training line; the
-others are tried in order. The queue file is rewritten without each line as it starts, so what is left stays
-there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log (``BASE/campaign.log``) has a
-line per start and end; collect finished runs with ``python scripts/tables.py collect BASE/runs/...
-results/...``.
+tree. A line is started only when it can finish before ``--until`` (MINUTES x ``--scale`` x :data:`MARGIN`)
+and when the agent file its config loads (``options.agent``) exists, so a pre-trained row waits for its
+pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
+so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log
+(``BASE/campaign.log``) has a line per start and end; collect finished runs with ``python scripts/tables.py
+collect BASE/runs/... results/...``.
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ def ready(line: Line, base: Path) -> bool:
     return not agent or (base / agent).exists()
 
 
-def fits(line: Line, deadline: float, now: float) -> bool:
-    return now + line.minutes * 60 * MARGIN <= deadline
+def fits(line: Line, deadline: float, now: float, scale: float = 1.0) -> bool:
+    """Whether the line's run ends before ``deadline``: its minutes x ``scale`` (this machine's speed against the
+    one that measured them) x :data:`MARGIN` from ``now``."""
+    return now + line.minutes * scale * 60 * MARGIN <= deadline
 
 
 def start(line: Line, base: Path, log) -> subprocess.Popen:
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("queue", type=Path)
     ap.add_argument("--until", required=True, help="HH:MM: start no run that would end after it")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="a run's time here over the queue's MINUTES (e.g. 1.6 on a machine where rounds take 1.6x)")
     ap.add_argument("--base", type=Path, required=True, help="working directory of the runs (runs/, agents/)")
     args = ap.parse_args(argv)
     deadline = deadline_of(args.until, dt.datetime.now())
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in queue:
                 if len(running) >= args.jobs:
                     break
-                if line.out not in running and fits(line, deadline, time.time()) and ready(line, base):
+                if line.out not in running and fits(line, deadline, time.time(), args.scale) and ready(line, base):
                     running[line.out] = (start(line, base, log), line)
                     rest = [t for t in args.queue.read_text().splitlines() if t != line.text]
                     args.queue.write_text("".join(t + "\n" for t in rest))

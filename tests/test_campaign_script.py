@@ -35,6 +35,8 @@ def test_a_line_fits_only_when_its_minutes_with_the_margin_end_before_the_deadli
     line = campaign.parse("50\tabc\tfedblend run /c.toml --out o\n")[0]
     assert campaign.fits(line, deadline=1000 + 50 * 60 * campaign.MARGIN, now=1000)
     assert not campaign.fits(line, deadline=1000 + 50 * 60 * campaign.MARGIN - 1, now=1000)
+    assert not campaign.fits(line, deadline=1000 + 50 * 60 * campaign.MARGIN, now=1000, scale=1.5)  # a slower machine
+    assert campaign.fits(line, deadline=1000 + 75 * 60 * campaign.MARGIN, now=1000, scale=1.5)
 
 
 def test_deadline_is_today_or_tomorrow_when_the_time_has_passed(campaign):
