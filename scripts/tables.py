@@ -239,34 +239,37 @@ def cell(summaries: list[dict], metric: str, paper: float | None, scale: float =
 
 def gain_cell(host: list[dict], hosted: list[dict], host_metric: str) -> str:
     """(X+ala best) - (X's reported metric), in points, paired over the seeds both have: the mean, its 95 %
-    Student-t interval from two seeds on (:func:`paired_cell`), and each seed's gain."""
-    a = {s["seed"]: s.get("best_accuracy") for s in hosted}
-    b = {s["seed"]: s.get(host_metric) for s in host}
-    seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
-    if not seeds:
-        return "-"
-    text = paired_cell(hosted, host, "best_accuracy", host_metric)
-    if len(seeds) == 1:
-        return text.removesuffix(" (1 seed)")
-    d = np.array([a[k] - b[k] for k in seeds]) * 100
-    return text[:-1] + f"; per seed {' / '.join(f'{x:+.2f}' for x in d)})"
+    Student-t interval from two seeds on, and each seed's gain (:func:`paired_cell`)."""
+    return paired_cell(hosted, host, "best_accuracy", host_metric, per_seed=True)
 
 
-def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95,
-                scale: float = 100.0, digits: int = 2) -> str:
-    """Row minus anchor, paired by seed over the seeds where both have a value (points by default; ``scale = 1``
-    for counts such as ``rounds_to_target``): the mean difference, its Student-t interval with two or more paired
-    seeds (``fedblend report --compare``'s :func:`paired_stats`), and the seed count."""
+def paired_values(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str,
+                  scale: float = 100.0) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The seeds where both the row (``metric``) and the anchor (``anchor_metric``) have a value, and the two
+    value arrays over them, times ``scale``."""
     a = {s["seed"]: s.get(metric) for s in runs}
     b = {s["seed"]: s.get(anchor_metric) for s in anchor}
     seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
+    return (seeds, np.array([a[k] for k in seeds], dtype=float) * scale,
+            np.array([b[k] for k in seeds], dtype=float) * scale)
+
+
+def paired_cell(runs: list[dict], anchor: list[dict], metric: str, anchor_metric: str, level: float = 0.95,
+                scale: float = 100.0, digits: int = 2, per_seed: bool = False) -> str:
+    """Row minus anchor, paired by seed over the seeds where both have a value (points by default; ``scale = 1``
+    for counts such as ``rounds_to_target``): the mean difference, its Student-t interval with two or more paired
+    seeds (``fedblend report --compare``'s :func:`paired_stats`), and the seed count, or with ``per_seed`` each
+    seed's difference in its place (the count alone is dropped at one seed)."""
+    seeds, a, b = paired_values(runs, anchor, metric, anchor_metric, scale)
     if not seeds:
         return "-"
-    res = paired_stats(np.array([a[k] for k in seeds], dtype=float) * scale,
-                       np.array([b[k] for k in seeds], dtype=float) * scale, seeds, level, "")
+    res = paired_stats(a, b, seeds, level, "")
     text = f"{res['mean']:+.{digits}f}"
     if res["ci"]:
         text += f" [{res['ci'][0]:+.{digits}f}, {res['ci'][1]:+.{digits}f}]"
+    if per_seed:
+        return text if len(seeds) == 1 else text + (
+            f" ({len(seeds)} seeds; per seed {' / '.join(f'{x:+.{digits}f}' for x in a - b)})")
     return text + f" ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
 
 
@@ -504,12 +507,12 @@ def ala_unclear(table: Table, column: str, repo: Path = REPO) -> set[str]:
         if not key.endswith("+ala") or key[:-4] not in rows:
             continue
         host = rows[key[:-4]]
-        a = {s["seed"]: s.get(row.metric) for s in row.runs(table, column, repo)}
-        b = {s["seed"]: s.get(host.metric) for s in host.runs(table, column, repo)}
-        gains = [a[k] - b[k] for k in a if k in b and a[k] is not None and b[k] is not None]
-        if not gains or len(gains) >= 3:
+        _, a, b = paired_values(row.runs(table, column, repo), host.runs(table, column, repo), row.metric,
+                                host.metric)
+        gains = a - b
+        if not len(gains) or len(gains) >= 3:
             continue
-        if abs(np.mean(gains)) * 100 < ALA_CLEAR or min(gains) < 0 < max(gains):
+        if abs(np.mean(gains)) < ALA_CLEAR or min(gains) < 0 < max(gains):
             out |= {host.key, key}
     return out
 
