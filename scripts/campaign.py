@@ -13,8 +13,8 @@ tree. A line is started only when it can finish before ``--until`` (MINUTES x ``
 and when the agent file its config loads (``options.agent``) exists, so a pre-trained row waits for its
 pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
 so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log
-(``BASE/campaign.log``) has a line per start and end; collect finished runs with ``python scripts/tables.py
-collect BASE/runs/... results/...``.
+(``BASE/campaign.log``) has a line per start and end; ``python scripts/tables.py collect-left BASE/runs`` copies
+the finished runs into ``results/``.
 """
 
 from __future__ import annotations

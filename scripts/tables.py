@@ -22,6 +22,7 @@ markers is typed by hand.
     python scripts/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
     python scripts/tables.py left                 # the campaigns' rows that still miss seeds (GOALS)
     python scripts/tables.py left --commands      # the commands that run them (MINUTES, COMMIT, COMMAND)
+    python scripts/tables.py collect-left runs    # their finished runs, each into its table's results folder
 
 ``tests/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
 """
@@ -643,7 +644,7 @@ def commands(repo: Path = REPO, out_root: str = "runs") -> list[str]:
     its seed); a row without one uses :func:`recipe` at the commit of the column's other runs. A pre-trained
     agent that is not on disk is preceded by its pre-training (:func:`_agent_pretrain`). Rows read from another
     row's or table's runs (``folder`` / ``root``) are that row's runs, and get a comment line instead.
-    Finished runs go back with ``tables.py collect OUT_ROOT/TABLE/COLUMN/ROW results/... --row ROW``."""
+    Finished runs go back with :func:`collect_left` (``tables.py collect-left OUT_ROOT``)."""
     lines, pretrains = [], set()
     for m in missing_runs(repo):
         tag = f"{m.table.name} {m.column} {m.row.key}"
@@ -725,6 +726,29 @@ def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
     return copied
 
 
+def collect_left(out_root: Path, repo: Path = REPO) -> tuple[list[Path], list[Path]]:
+    """Copy the finished or diverged runs that :func:`commands` placed under ``out_root/<table>/<column>/<row>/
+    seed<S>`` into their table's results folder (``<table root>/<column>/<row>/seed<S>``, the three run files);
+    a seed already in ``results/`` is left as it is. Returns (copied, skipped: already there)."""
+    roots = {t.name: t.root for t, *_ in GOALS}
+    copied, skipped = [], []
+    for summary in sorted(out_root.glob("*/*/*/seed*/summary.json")):
+        run = summary.parent
+        table, column, row = run.relative_to(out_root).parts[:3]
+        s = json.loads(summary.read_text())
+        if table not in roots or s.get("status", "finished") not in ("finished", "diverged"):
+            continue
+        out = repo / roots[table] / column / row / run.name
+        if out.exists():
+            skipped.append(out)
+            continue
+        out.mkdir(parents=True)
+        for f in RUN_FILES:
+            shutil.copy2(run / f, out / f)
+        copied.append(out)
+    return copied, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check; exit 1 if a generated table is stale")
@@ -733,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("sweep")
     c.add_argument("dest")
     c.add_argument("--row", help="the row folder (default: each run's method)")
+    cl = sub.add_parser("collect-left", help="copy the finished runs of `left --commands` into results/")
+    cl.add_argument("out_root", help="the --out-root the commands used (default there: runs)")
     lp = sub.add_parser("left", help="the campaigns' runs still missing from results/ (row, seeds)")
     lp.add_argument("--commands", action="store_true",
                     help="print MINUTES<TAB>COMMIT<TAB>COMMAND lines that run them instead")
@@ -741,6 +767,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "left":
         lines = commands(out_root=args.out_root) if args.commands else left()
         print("\n".join(lines) if lines else "every campaign row has its seeds")
+        return 0
+    if args.cmd == "collect-left":
+        copied, skipped = collect_left(Path(args.out_root))
+        for p in copied:
+            print(p.relative_to(REPO))
+        for p in skipped:
+            print(f"{p.relative_to(REPO)}: already in results/, left as it is")
         return 0
     if args.cmd == "collect":
         for p in collect(Path(args.sweep), Path(args.dest), args.row):

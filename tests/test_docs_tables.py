@@ -363,3 +363,22 @@ def test_t4_recipes_resolve_to_the_committed_runs_configs(tables):
                     (table.name, column, row.key)
                 checked += 1
     assert checked >= 12
+
+
+def test_collect_left_puts_each_finished_run_in_its_tables_folder_and_keeps_existing_seeds(tables, tmp_path):
+    """``collect-left``: ``runs/<table>/<column>/<row>/seed<S>`` goes to the table's results root (T4's
+    ablations under ``results/t4/ablations``), the row taken from the path (a pre-trained row's runs have the
+    method ``pfedrlla``); an unfinished run is not copied, and a seed already in ``results/`` is not replaced."""
+    runs = tmp_path / "runs"
+    _run(runs, "t4/fmnist-pat2/pfedrlla-pretrained", 1, method="pfedrlla", best_accuracy=0.9)
+    _run(runs, "t4-ablations/fmnist-pat2/pfedrlla-none", 0, method="pfedrlla", best_accuracy=0.8)
+    _run(runs, "ala/dir/pfedme", 2, method="pfedme", status="diverged")
+    _run(runs, "t4/mnist-domains/local", 0, method="local", status="running")
+    _run(runs, "t4/fmnist-pat2/fedavg", 1, method="fedavg", best_accuracy=0.7)
+    kept = _run(tmp_path, "results/t4/fmnist-pat2/fedavg", 1, method="fedavg", best_accuracy=0.6)
+    copied, skipped = tables.collect_left(runs, tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in copied) == [
+        "results/ala/dir/pfedme/seed2", "results/t4/ablations/fmnist-pat2/pfedrlla-none/seed0",
+        "results/t4/fmnist-pat2/pfedrlla-pretrained/seed1"]
+    assert all(sorted(f.name for f in p.iterdir()) == sorted(tables.RUN_FILES) for p in copied)
+    assert skipped == [kept] and json.loads((kept / "summary.json").read_text())["best_accuracy"] == 0.6
