@@ -251,9 +251,20 @@ def fault_interrupt_loading_data(tmp_path, monkeypatch, capsys):
     return [], "interrupted", 130
 
 
+def fault_broken_pipe_in_a_round(tmp_path, monkeypatch, capsys):  # a client worker's pipe, not stdout's reader
+    from fedblend.core.engine import Simulation
+
+    def broken(self):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(Simulation, "run_round", broken)
+    return [], "Broken pipe", 1
+
+
 FAULTS = [fault_missing_config, fault_invalid_toml, fault_missing_data, fault_corrupt_data, fault_unreadable_data,
           fault_out_is_a_file, fault_out_under_a_file, fault_existing_run, fault_resume_without_checkpoint,
-          fault_corrupt_checkpoint, fault_disk_full, fault_interrupt_in_round_1, fault_interrupt_loading_data]
+          fault_corrupt_checkpoint, fault_disk_full, fault_interrupt_in_round_1, fault_interrupt_loading_data,
+          fault_broken_pipe_in_a_round]
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.__name__[6:] for f in FAULTS])
@@ -261,6 +272,23 @@ def test_file_and_runtime_fault(tmp_path, capsys, monkeypatch, fault):
     args, match, code = fault(tmp_path, monkeypatch, capsys)
     out = None if "--out" in args else "run"
     expect_error(tmp_path, capsys, args, match, code=code, out=out)
+
+
+def test_output_to_a_closed_pipe_stops_silently_as_on_sigpipe():
+    """``fedblend methods | head``: stdout's reader is gone, which is not a fault: no error line, and 141 (128 +
+    SIGPIPE) as a tool killed by SIGPIPE; a broken pipe anywhere else is a fault (``broken_pipe_in_a_round``)."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        res = subprocess.run([sys.executable, "-m", "fedblend.cli.main", "methods"], stdout=w, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert (res.returncode, res.stderr) == (141, "")
 
 
 CASES = TABLE_CASES + OPTION_CASES + CROSS_CASES + FLAG_CASES + FAULTS

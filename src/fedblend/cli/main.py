@@ -18,7 +18,8 @@ input (config, flags, usage, an existing run without --resume / --force, a direc
 writing, a refused resume, a user's file that cannot be used: a partition, a PFLlib folder, an agent file, a run's
 metrics or summary), 1 for faults (missing or corrupt data, checkpoint, a full disk, a client worker that died, a
 run that diverged), 130 for Ctrl-C (the line says how to resume). The line names the file or resource and what to
-do. ``--debug`` shows the traceback instead.
+do. ``--debug`` shows the traceback instead. When the reader of the output goes away (``fedblend methods | head``)
+the command stops without a line, with 141 as a tool killed by SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -205,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             return _dispatch(parser().parse_args(argv))
     except (FedblendError, OSError, RunInterrupted) as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 128 + signal.SIGPIPE
         if debug:
             raise
         print(f"fedblend: error: {_one_line(exc)}", file=sys.stderr)
@@ -220,6 +224,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("fedblend: error: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (``| head`` has read what it wanted): the one broken
+    pipe that is not a fault. A broken pipe to a client worker or a socket is one, and is reported."""
+    import select
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 class _StderrHandler(logging.Handler):
