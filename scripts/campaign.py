@@ -13,7 +13,8 @@ tree. A line is started only when it can finish before ``--until`` (MINUTES x ``
 and when the agent file its config loads (``options.agent``) exists, so a pre-trained row waits for its
 pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
 so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log
-(``BASE/campaign.log``) has a line per start and end; ``python scripts/tables.py collect-left BASE/runs`` copies
+(``BASE/campaign.log``) has a line per start and end (for a pre-training, whether its agent file is the
+committed one, :func:`agent_note`); ``python scripts/tables.py collect-left BASE/runs`` copies
 the finished runs into ``results/``.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import shlex
 import subprocess
@@ -120,6 +122,21 @@ def start(line: Line, base: Path, log) -> subprocess.Popen:
                                 stdout=f, stderr=subprocess.STDOUT)
 
 
+def agent_note(line: Line, base: Path) -> str:
+    """For a finished pre-training whose CONFIG sits beside a committed ``agent.sha256``: whether the new agent
+    file is that same file (`` (agent: same sha256 as ...)``) or another (training on another CPU may end
+    elsewhere: the pre-trained rows then load another agent than the committed runs did); empty otherwise."""
+    if line.args[0] != "pretrain":
+        return ""
+    recorded = config_path(line, base).parent / "agent.sha256"
+    agent = base / line.out
+    if not recorded.exists() or not agent.exists():
+        return ""
+    want = recorded.read_text().split()[0]
+    got = hashlib.sha256(agent.read_bytes()).hexdigest()
+    return f" (agent: {'same sha256 as' if got == want else f'sha256 {got[:12]} differs from'} {recorded})"
+
+
 def deadline_of(text: str, now: dt.datetime) -> float:
     """``HH:MM`` today (tomorrow when already past) as a timestamp."""
     h, m = (int(x) for x in text.split(":"))
@@ -145,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             for key, (proc, line) in list(running.items()):
                 if proc.poll() is not None:
-                    log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}\n")
+                    log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}"
+                              f"{agent_note(line, base) if proc.returncode == 0 else ''}\n")
                     log.flush()
                     del running[key]
             queue = parse(args.queue.read_text())

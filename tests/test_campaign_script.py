@@ -57,3 +57,21 @@ def test_a_run_that_loads_an_agent_waits_until_the_agent_file_exists(campaign, t
     assert not campaign.ready(other, tmp_path)  # the override names another file
     cfg.write_text('method = "fedavg"\n')
     assert campaign.ready(line, tmp_path)  # no agent: ready
+
+
+def test_a_finished_pretraining_says_whether_its_agent_is_the_committed_one(campaign, tmp_path):
+    import hashlib
+
+    run = tmp_path / "results/t4/pretrain/x/seed0"
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text('method = "pfedrlla"\n')
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents/a.pt").write_bytes(b"agent bytes")
+    line = campaign.parse(f"30\tabc\tfedblend pretrain {run / 'config.toml'} --out agents/a.pt\n")[0]
+    assert campaign.agent_note(line, tmp_path) == ""  # nothing recorded to compare with
+    (run / "agent.sha256").write_text(hashlib.sha256(b"agent bytes").hexdigest() + "  a.pt\n")
+    assert campaign.agent_note(line, tmp_path).startswith(" (agent: same sha256 as ")
+    (tmp_path / "agents/a.pt").write_bytes(b"other bytes")
+    assert " differs from " in campaign.agent_note(line, tmp_path)
+    run_line = campaign.parse(f"30\tabc\tfedblend run {run / 'config.toml'} --out runs/r\n")[0]
+    assert campaign.agent_note(run_line, tmp_path) == ""
