@@ -107,9 +107,7 @@ def fits(line: Line, deadline: float, now: float, scale: float = 1.0) -> bool:
 
 def start(line: Line, base: Path, log) -> subprocess.Popen:
     wt = tree(line.commit, base)
-    args = list(line.args)
-    if not Path(args[1]).is_absolute():
-        args[1] = str(wt / args[1])
+    args = [line.args[0], str(config_path(line, base)), *line.args[2:]]
     out = base / line.out
     if (out / "checkpoint.pt").exists() or (out.with_name(out.name + ".run") / "checkpoint.pt").exists():
         args.append("--resume")
