@@ -709,6 +709,13 @@ def check(repo: Path = REPO) -> list[str]:
     return out
 
 
+def copy_run(run: Path, out: Path) -> None:
+    """A run's three files (:data:`RUN_FILES`) from ``run`` into ``out`` (made as needed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in RUN_FILES:
+        shutil.copy2(run / f, out / f)
+
+
 def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
     """Copy every finished or diverged run under ``sweep`` to ``dest/<row>/seed<S>`` (its three run files only;
     a diverged run is a result too: the tables name it and never average it); the row is the run's method unless
@@ -719,9 +726,7 @@ def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
         if s.get("status", "finished") not in ("finished", "diverged"):
             continue
         out = dest / (row or s["method"]) / f"seed{s['seed']}"
-        out.mkdir(parents=True, exist_ok=True)
-        for f in RUN_FILES:
-            shutil.copy2(summary.parent / f, out / f)
+        copy_run(summary.parent, out)
         copied.append(out)
     return copied
 
@@ -742,9 +747,7 @@ def collect_left(out_root: Path, repo: Path = REPO) -> tuple[list[Path], list[Pa
         if out.exists():
             skipped.append(out)
             continue
-        out.mkdir(parents=True)
-        for f in RUN_FILES:
-            shutil.copy2(run / f, out / f)
+        copy_run(run, out)
         copied.append(out)
     return copied, skipped
 
