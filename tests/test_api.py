@@ -74,6 +74,19 @@ def test_run_returns_summary_history_and_per_client_results_as_the_cli_writes_th
         fedblend.run(TINY, out=tmp_path / "api")
 
 
+def test_client_stats_reads_each_rounds_per_client_losses_and_alas_records(tmp_path):
+    res = fedblend.run({**TINY, "method": "fedala"}, out=tmp_path / "api")
+    rows = res.client_stats()
+    for m in res.history:
+        mine = [r for r in rows if r["round"] == m["round"]]
+        pc = m["stats_per_client"]
+        assert [r["client"] for r in mine] == pc["clients"] == m["selected"]
+        assert [r["train_loss"] for r in mine] == pc["train_loss"]
+        assert sum(pc["train_loss"]) / len(pc["train_loss"]) == m["train_loss"]
+    assert "ala_loss" not in rows[0] and rows[-1]["ala_loss"] is not None  # ALA learns W from round 2
+    assert open_run(tmp_path / "api").client_stats() == rows
+
+
 def test_run_uses_one_thread_and_restores_the_callers_setting(tmp_path):
     import torch
 

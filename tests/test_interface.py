@@ -373,3 +373,24 @@ def test_a_client_with_fewer_samples_than_a_batch_under_drop_last_reports_no_los
     sim.run()
     assert len(sim.history) == 2
     assert all(math.isfinite(h["train_loss"]) for h in sim.history)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "fedrep"])
+def test_each_clients_losses_are_recorded_per_client_and_average_to_the_rounds_loss(method, tiny_fed):
+    """``stats_per_client`` keeps every loss each training client reported (``train_loss``, Ditto's
+    ``personal_loss``, FedRep's ``head_loss``) in the order of ``selected``; the round's pooled field is their
+    mean, and a client that trained no batch (smaller than one batch under ``drop_last``) is not listed."""
+    small = min(range(len(tiny_fed.clients)), key=lambda c: tiny_fed.clients[c].num_train)
+    bs = tiny_fed.clients[small].num_train + 1
+    sim = tiny_sim(tiny_fed, method, rounds=2, seed=0, batch_size=bs, drop_last=True)
+    sim.run()
+    extra = {"fedavg": [], "ditto": ["personal_loss"], "fedrep": ["head_loss"]}[method]
+    for h in sim.history:
+        pc = h["stats_per_client"]
+        assert small in h["selected"] and small not in pc["clients"]
+        assert pc["clients"] == [c for c in h["selected"] if tiny_fed.clients[c].num_train >= bs]
+        assert sorted(k for k in pc if k != "clients") == sorted(["train_loss", *extra])
+        for key in ["train_loss", *extra]:
+            assert len(pc[key]) == len(pc["clients"]) and all(math.isfinite(v) for v in pc[key])
+            assert sum(pc[key]) / len(pc[key]) == h[key]
+        assert len(set(pc["train_loss"])) == len(pc["clients"])  # each client's own number, not the mean copied

@@ -146,6 +146,19 @@ class RunResult:
                             "accuracy": k / n if n else None, "model": model})
         return out
 
+    def client_stats(self) -> list[dict]:
+        """One dict per (round, client that reported a stat kept per client): ``round``, ``client`` and each of
+        the round's per-client stats (``stats_per_client``: every loss the client reported, ``train_loss`` and any
+        other ``*_loss``, and what the method names in ``per_client_stats``, e.g. ALA's; None where that client
+        reported none of a key)."""
+        out = []
+        for m in self.history:
+            pc = m.get("stats_per_client") or {}
+            keys = [k for k in pc if k != "clients"]
+            for i, c in enumerate(pc.get("clients", ())):
+                out.append({"round": m["round"], "client": c, **{k: pc[k][i] for k in keys}})
+        return out
+
     def to_pandas(self):
         """The history's scalar columns as a ``pandas.DataFrame`` (needs pandas)."""
         import pandas as pd

@@ -18,7 +18,8 @@ Per round ``t`` (0-based internally, reported 1-based):
    model, if the method has one) from an evaluation message, through the backend as well (with
    ``eval.select = "val"`` also on its validation split, as ``val_*`` metrics);
 4. record metrics (accuracy, loss, bytes down/up per client, seconds; the clients' stats as their mean over the
-   selected clients, and those the method names in ``per_client_stats`` also per client, ``stats_per_client``)
+   selected clients, and their losses (``train_loss``, every ``*_loss``) and the stats the method names in
+   ``per_client_stats`` also per client, ``stats_per_client``)
    and checkpoint every ``k`` rounds.
 
 **Divergence is never a result.** After each round the engine checks for divergence (:meth:`Simulation.diverging`):
@@ -278,7 +279,7 @@ class Simulation:
             metrics[key] = _mean([stats[c].get(key) for c in selected])
         metrics.update(sctx.stats)
         metrics.update(_time_shares([stats[c] for c in selected]))
-        per_client = _stats_per_client(selected, stats, self.method.traits.per_client_stats)
+        per_client = _stats_per_client(selected, stats, tuple(self._loss_keys) + self.method.traits.per_client_stats)
         if per_client:
             metrics["stats_per_client"] = per_client
         if skipped:
