@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +46,11 @@ EXTRA = {
     "t2-mnist-mlp-fedalp-m3@tpre1-recluster": ("t2-mnist-mlp-fedalp-m3", ["options.t_pre=1", "options.recluster_every=1"]),
     "t2-fmnist-mlp-fedalp@tpre2-ala": ("t2-fmnist-mlp-fedalp", ["options.t_pre=2", "method=\"fedalp+ala\""]),
 }
+
+
+#: the line a float-only difference ends with
+FLOATS_ONLY = ("only floats differ, beyond the cross-machine tolerance; on another CPU than the goldens' one, prove "
+               "a change with the same-machine --exact procedure (docs/architecture.md)")
 
 
 def strip(row: dict) -> dict:
@@ -98,6 +104,16 @@ def compare(want: list[dict], got: list[dict], exact: bool = False) -> list[str]
     return diff_histories(want, got, exact=exact)
 
 
+def only_floats_differ(want: list[dict], got: list[dict]) -> bool:
+    """True when the histories differ but only in float values (any two finite floats count as equal here):
+    every round, sampled client, byte count and key matches. On a CPU other than the goldens' (e.g. AVX2
+    against AVX-512 kernels) the last-bit differences of a first operation grow through a round's SGD steps,
+    and can pass the cross-machine tolerance (seen: t3-mnist-pat-fedavg's round-1 ``train_loss`` 0.22304 against
+    the golden's 0.22251 on an AVX2 machine, before any change); there the proof of a change is the same-machine
+    ``--exact`` procedure (module docstring)."""
+    return bool(compare(want, got, exact=True)) and not diff_histories(want, got, rel=1.0, abs_=math.inf)
+
+
 def _slow_first(item):
     """T3 (cnn4, batch 10) runs take longest: start them first."""
     return (not item[0].startswith("t3"), item[0])
@@ -128,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             want = [json.loads(x) for x in (golden / f"{name}.jsonl").read_text().splitlines()]
             got = run_case(cfg, over + [f for f in args.sets], extra)
             diffs = compare(want, got, args.exact)
+            if diffs and not args.exact and only_floats_differ(want, got):
+                diffs = diffs[:9] + [FLOATS_ONLY]
             return name, diffs or ([] if args.exact or not compare(want, got, True) else ["<within tolerance>"])
         except Exception as exc:  # report and go on with the other cases
             return name, [f"error: {exc}"]
 
-    bad = close = 0
+    bad = close = floats = 0
     with ThreadPoolExecutor(args.jobs) as pool:
         for name, diffs in pool.map(one, sorted(todo.items(), key=_slow_first)):
             if diffs == ["<within tolerance>"]:
@@ -141,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"{'ok ' if not diffs else 'DIFF'} {name}" + "".join(f"\n     {d}" for d in diffs[:10]), flush=True)
             bad += bool(diffs)
+            floats += diffs[-1:] == [FLOATS_ONLY]
     if args.mode == "check":
         print(f"{len(todo) - bad} identical ({len(todo) - bad - close} bit for bit, {close} within tolerance), "
-              f"{bad} different")
+              f"{bad} different" + (f" ({floats} of them in float values only: {FLOATS_ONLY})" if floats else ""))
     else:
         print(f"{len(todo) - bad} recorded, {bad} failed")
     return 1 if bad else 0

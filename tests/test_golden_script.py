@@ -1,0 +1,32 @@
+"""``scripts/golden.py``: telling a float-only difference (another CPU's kernels, amplified by training) from a
+difference in what ran (sampled clients, byte counts, fields). The checks themselves run real data (too slow
+for the default suite)."""
+
+import pytest
+
+from tests.helpers import load_script
+
+ROW = {"round": 1, "selected": [0, 2], "bytes_up": [10, 10], "train_loss": 0.22251369330081067, "acc": 0.3972}
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return load_script("golden")
+
+
+def test_a_float_only_difference_beyond_the_tolerance_is_named(golden):
+    got = {**ROW, "train_loss": 0.2230392662973443}  # what an AVX2 machine gave for t3-mnist-pat-fedavg
+    assert golden.compare([ROW], [got])  # beyond the cross-machine tolerance
+    assert golden.only_floats_differ([ROW], [got])
+
+
+@pytest.mark.parametrize("change", [{"selected": [0, 3]}, {"bytes_up": [10, 11]}, {"extra_loss": 1.0},
+                                    {"train_loss": float("nan")}])
+def test_a_difference_in_what_ran_is_not_float_only(golden, change):
+    got = {**ROW, "acc": 0.5, **change}
+    assert not golden.only_floats_differ([ROW], [got])
+
+
+def test_equal_histories_have_no_float_only_difference(golden):
+    assert not golden.only_floats_differ([ROW], [dict(ROW)])
+    assert not golden.only_floats_differ([ROW], [ROW, {**ROW, "round": 2}])  # another round count
