@@ -382,3 +382,32 @@ def test_collect_left_puts_each_finished_run_in_its_tables_folder_and_keeps_exis
         "results/t4/fmnist-pat2/pfedrlla-pretrained/seed1"]
     assert all(sorted(f.name for f in p.iterdir()) == sorted(tables.RUN_FILES) for p in copied)
     assert skipped == [kept] and json.loads((kept / "summary.json").read_text())["best_accuracy"] == 0.6
+
+
+def test_collect_left_records_the_sha256_of_the_agent_a_pretrained_run_loaded(tables, tmp_path):
+    """A pre-trained row's run from before runs recorded their inputs gets ``agent.sha256`` beside its files (the
+    agent file under the runs' working directory: a re-made agent can differ from the committed one); a run that
+    records it in ``run.inputs``, or loads no agent, gets none; an agent file that is gone stops the collection."""
+    import hashlib
+
+    base = tmp_path / "camp"
+    old = _run(base / "runs", "t4/fmnist-pat2/pfedrlla-pretrained", 1, method="pfedrlla")
+    new = _run(base / "runs", "t4/fmnist-pat2/pfedrlla-pretrained", 2, method="pfedrlla",
+               run={"inputs": {"options.agent": "abc"}})
+    for d in (old, new):
+        (d / "config.toml").write_text('seed = 1\n[options]\nagent = "agents/a.pt"\n')
+    _run(base / "runs", "t4/fmnist-pat2/pfedrlla", 1, method="pfedrlla")
+    (base / "agents").mkdir()
+    (base / "agents" / "a.pt").write_bytes(b"agent B")
+    copied, _ = tables.collect_left(base / "runs", tmp_path)
+    got = {p.relative_to(tmp_path / "results/t4").as_posix(): sorted(f.name for f in p.iterdir()) for p in copied}
+    assert got == {"fmnist-pat2/pfedrlla-pretrained/seed1": sorted([*tables.RUN_FILES, "agent.sha256"]),
+                   "fmnist-pat2/pfedrlla-pretrained/seed2": sorted(tables.RUN_FILES),
+                   "fmnist-pat2/pfedrlla/seed1": sorted(tables.RUN_FILES)}
+    sha = (tmp_path / "results/t4/fmnist-pat2/pfedrlla-pretrained/seed1/agent.sha256").read_text()
+    assert sha == f"{hashlib.sha256(b'agent B').hexdigest()}  a.pt\n"
+    (base / "agents" / "a.pt").unlink()
+    _run(base / "runs", "t4/fmnist-pat2/pfedrlla-pretrained", 0, method="pfedrlla")
+    (base / "runs/t4/fmnist-pat2/pfedrlla-pretrained/seed0/config.toml").write_text('[options]\nagent = "agents/a.pt"\n')
+    with pytest.raises(SystemExit, match="agent file .* is gone"):
+        tables.collect_left(base / "runs", tmp_path)
