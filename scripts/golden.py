@@ -108,7 +108,7 @@ def only_floats_differ(want: list[dict], got: list[dict]) -> bool:
     """True when the histories differ but only in float values (any two finite floats count as equal here):
     every round, sampled client, byte count and key matches. On a CPU other than the goldens' (e.g. AVX2
     against AVX-512 kernels) the last-bit differences of a first operation grow through a round's SGD steps,
-    and can pass the cross-machine tolerance (seen: t3-mnist-pat-fedavg's round-1 ``train_loss`` 0.22304 against
+    and can exceed the cross-machine tolerance (seen: t3-mnist-pat-fedavg's round-1 ``train_loss`` 0.22304 against
     the golden's 0.22251 on an AVX2 machine, before any change); there the proof of a change is the same-machine
     ``--exact`` procedure (module docstring)."""
     return bool(compare(want, got, exact=True)) and not diff_histories(want, got, rel=1.0, abs_=math.inf)

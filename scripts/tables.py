@@ -717,13 +717,13 @@ def copy_run(run: Path, out: Path) -> None:
         shutil.copy2(run / f, out / f)
 
 
-def record_agent(run: Path, out: Path, base: Path) -> Path | None:
+def agent_record(run: Path, base: Path) -> str | None:
     """For a run whose config loads an agent file (``options.agent``, relative to ``base``, the runs' working
     directory) and whose ``summary.json`` does not record that file's sha256 itself (``run.inputs``: runs from
-    8b98e5f on do), write ``out/agent.sha256`` (``sha256sum``'s format) of the file as it is now: the agent the
-    run loaded, as long as no pre-training rewrote it since (``scripts/campaign.py`` starts a pre-trained row only
+    8b98e5f on do): the ``agent.sha256`` line (``sha256sum``'s format) of the file as it is now, the agent the run
+    loaded as long as no pre-training rewrote it since (``scripts/campaign.py`` starts a pre-trained row only
     after its pre-training has ended). A re-made agent can differ from the committed one (another CPU), so the
-    run must say which it loaded. None when there is nothing to record."""
+    run must say which it loaded. None when there is nothing to record; stops when the file is gone."""
     import tomllib
 
     agent = tomllib.loads((run / "config.toml").read_text()).get("options", {}).get("agent") or ""
@@ -731,9 +731,7 @@ def record_agent(run: Path, out: Path, base: Path) -> Path | None:
         return None
     if not (base / agent).exists():
         raise SystemExit(f"{run}: its agent file {base / agent} is gone; record which agent it loaded by hand")
-    (out / "agent.sha256").write_text(f"{hashlib.sha256((base / agent).read_bytes()).hexdigest()}  "
-                                      f"{Path(agent).name}\n")
-    return out / "agent.sha256"
+    return f"{hashlib.sha256((base / agent).read_bytes()).hexdigest()}  {Path(agent).name}\n"
 
 
 def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
@@ -754,7 +752,7 @@ def collect(sweep: Path, dest: Path, row: str | None = None) -> list[Path]:
 def collect_left(out_root: Path, repo: Path = REPO) -> tuple[list[Path], list[Path]]:
     """Copy the finished or diverged runs that :func:`commands` placed under ``out_root/<table>/<column>/<row>/
     seed<S>`` into their table's results folder (``<table root>/<column>/<row>/seed<S>``, the three run files,
-    and for a pre-trained row the sha256 of the agent it loaded, :func:`record_agent`, with ``out_root``'s parent
+    and for a pre-trained row the sha256 of the agent it loaded, :func:`agent_record`, with ``out_root``'s parent
     as the runs' working directory); a seed already in ``results/`` is left as it is. Returns (copied, skipped:
     already there)."""
     roots = {t.name: t.root for t, *_ in GOALS}
@@ -769,8 +767,10 @@ def collect_left(out_root: Path, repo: Path = REPO) -> tuple[list[Path], list[Pa
         if out.exists():
             skipped.append(out)
             continue
+        agent = agent_record(run, out_root.parent)  # before copying: a run is never left without it
         copy_run(run, out)
-        record_agent(run, out, out_root.parent)
+        if agent:
+            (out / "agent.sha256").write_text(agent)
         copied.append(out)
     return copied, skipped
 

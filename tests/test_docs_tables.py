@@ -411,3 +411,4 @@ def test_collect_left_records_the_sha256_of_the_agent_a_pretrained_run_loaded(ta
     (base / "runs/t4/fmnist-pat2/pfedrlla-pretrained/seed0/config.toml").write_text('[options]\nagent = "agents/a.pt"\n')
     with pytest.raises(SystemExit, match="agent file .* is gone"):
         tables.collect_left(base / "runs", tmp_path)
+    assert not (tmp_path / "results/t4/fmnist-pat2/pfedrlla-pretrained/seed0").exists()  # not copied without it
