@@ -12,7 +12,13 @@ and agent files (``agents/...``) of every commit meet there, and a relative CONF
 tree. A line is started only when it can finish before ``--until`` (MINUTES x ``--scale`` x :data:`MARGIN`)
 and when the agent file its config loads (``options.agent``) exists, so a pre-trained row waits for its
 pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
-so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``). The log
+so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``), and only the rounds
+after that checkpoint count against the deadline (:func:`share_left`). Runs another process is writing under
+BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take their places among the ``--jobs``
+(:func:`busy_elsewhere`), so a runner restarted mid-session does not start more than ``--jobs`` at once.
+``--fill``: when a place is free and no line fits, start the first ready line anyway; the session's end then
+stops it, and a later session on a machine that kept BASE resumes it from its last checkpoint (every
+``checkpoint_every`` rounds) instead of the cores idling until the deadline. The log
 (``BASE/campaign.log``) has a line per start and end (for a pre-training, whether its agent file is the
 committed one, :func:`agent_note`); ``python scripts/tables.py collect-left BASE/runs`` copies
 the finished runs into ``results/``.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -32,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from fedblend.rundir import locked_by  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 #: a run is started only if MINUTES x MARGIN fit before the deadline (run times vary with the machine's load)
@@ -99,21 +109,70 @@ def ready(line: Line, base: Path) -> bool:
     return not agent or (base / agent).exists()
 
 
-def fits(line: Line, deadline: float, now: float, scale: float = 1.0) -> bool:
-    """Whether the line's run ends before ``deadline``: its minutes x ``scale`` (this machine's speed against the
-    one that measured them) x :data:`MARGIN` from ``now``."""
-    return now + line.minutes * scale * 60 * MARGIN <= deadline
+def run_dir(line: Line, base: Path) -> Path:
+    """Where the line's run writes: ``--out`` for ``run``; ``--out`` + ``.run`` for ``pretrain`` (its agent file
+    is ``--out``)."""
+    out = base / line.out
+    return out.with_name(out.name + ".run") if line.args[0] == "pretrain" else out
 
 
-def start(line: Line, base: Path, log) -> subprocess.Popen:
+def share_left(line: Line, base: Path) -> float:
+    """The share of the run's rounds still to run: 1 without a checkpoint; else the rounds after the last
+    checkpoint a resume restarts from (the last round in ``metrics.jsonl``, down to a multiple of the run's
+    ``checkpoint_every``) over its ``rounds``, both read from the run's ``config.toml``."""
+    d = run_dir(line, base)
+    if not (d / "checkpoint.pt").exists():
+        return 1.0
+    try:
+        cfg = tomllib.loads((d / "config.toml").read_text())
+        rounds, every = int(cfg["rounds"]), int(cfg.get("checkpoint_every", 10))
+        last = max((int(json.loads(t)["round"]) for t in (d / "metrics.jsonl").read_text().splitlines()
+                    if t.strip()), default=0)
+    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
+        return 1.0  # unreadable: assume the whole run
+    done = min(rounds, last - last % every if every > 0 else 0)
+    return max(0.0, 1.0 - done / rounds) if rounds > 0 else 1.0
+
+
+def fits(line: Line, deadline: float, now: float, scale: float = 1.0, share: float = 1.0) -> bool:
+    """Whether the line's run ends before ``deadline``: its minutes x ``share`` (the part left, see
+    :func:`share_left`) x ``scale`` (this machine's speed against the one that measured them) x :data:`MARGIN`
+    from ``now``."""
+    return now + line.minutes * share * scale * 60 * MARGIN <= deadline
+
+
+def busy_elsewhere(base: Path, ours: set[Path]) -> list[Path]:
+    """Run directories under ``base`` whose writer lock another process holds (not one of ``ours``)."""
+    found = []
+    for root, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if not (d.startswith("tree-") and Path(root) == base) and d != ".git"]
+        d = Path(root)
+        if ".fedblend.lock" in files and d.resolve() not in ours and locked_by(d) is not None:
+            found.append(d)
+    return sorted(found)
+
+
+def pick(todo: list[Line], free: int, base: Path, deadline: float, now: float, scale: float = 1.0,
+         fill: bool = False) -> list[tuple[Line, bool]]:
+    """Up to ``free`` ready lines of ``todo`` to start now, in queue order, each with whether it ends past the
+    deadline: first those that fit; with ``fill``, then the first others that are ready."""
+    todo = [line for line in todo if ready(line, base)]
+    on_time = [line for line in todo if fits(line, deadline, now, scale, share_left(line, base))][:free]
+    late = [line for line in todo if line not in on_time][:free - len(on_time)] if fill else []
+    return [(line, False) for line in on_time] + [(line, True) for line in late]
+
+
+def start(line: Line, base: Path, log, note: str = "") -> subprocess.Popen:
     wt = tree(line.commit, base)
     args = [line.args[0], str(config_path(line, base)), *line.args[2:]]
     out = base / line.out
-    if (out / "checkpoint.pt").exists() or (out.with_name(out.name + ".run") / "checkpoint.pt").exists():
+    if (run_dir(line, base) / "checkpoint.pt").exists():
         args.append("--resume")
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(wt / "src"))
-    log.write(f"{time.strftime('%H:%M:%S')} start {line.out} ({line.minutes:.0f} min, {wt.name})\n")
+    share = share_left(line, base)
+    left = f", {share:.0%} left" if share < 1 else ""
+    log.write(f"{time.strftime('%H:%M:%S')} start {line.out} ({line.minutes:.0f} min{left}, {wt.name}){note}\n")
     log.flush()
     with open(f"{out}.log", "w") as f:
         return subprocess.Popen([sys.executable, "-m", "fedblend.cli.main", *args, "--quiet"], cwd=base, env=env,
@@ -145,11 +204,13 @@ def deadline_of(text: str, now: dt.datetime) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("queue", type=Path)
-    ap.add_argument("--until", required=True, help="HH:MM: start no run that would end after it")
+    ap.add_argument("--until", required=True, help="HH:MM: start no run that would end after it (unless --fill)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0,
                     help="a run's time here over the queue's MINUTES (e.g. 1.6 on a machine where rounds take 1.6x)")
     ap.add_argument("--base", type=Path, required=True, help="working directory of the runs (runs/, agents/)")
+    ap.add_argument("--fill", action="store_true",
+                    help="when no line fits, start the first ready one anyway (a later session resumes it)")
     args = ap.parse_args(argv)
     deadline = deadline_of(args.until, dt.datetime.now())
     HEAD["HEAD"] = head()
@@ -165,14 +226,16 @@ def main(argv: list[str] | None = None) -> int:
                     log.flush()
                     del running[key]
             queue = parse(args.queue.read_text())
-            for line in queue:
-                if len(running) >= args.jobs:
-                    break
-                if line.out not in running and fits(line, deadline, time.time(), args.scale) and ready(line, base):
-                    running[line.out] = (start(line, base, log), line)
-                    rest = [t for t in args.queue.read_text().splitlines() if t != line.text]
-                    args.queue.write_text("".join(t + "\n" for t in rest))
-            if not running:
+            ours = {run_dir(line, base).resolve() for _, line in running.values()}
+            elsewhere = busy_elsewhere(base, ours)
+            free = max(0, args.jobs - len(running) - len(elsewhere))
+            todo = [line for line in queue if line.out not in running and run_dir(line, base) not in elsewhere]
+            for line, late in pick(todo, free, base, deadline, time.time(), args.scale, args.fill):
+                note = f" (past {args.until}: --fill, resumable from its checkpoints)" if late else ""
+                running[line.out] = (start(line, base, log, note), line)
+                rest = [t for t in args.queue.read_text().splitlines() if t != line.text]
+                args.queue.write_text("".join(t + "\n" for t in rest))
+            if not running and not elsewhere:
                 log.write(f"{time.strftime('%H:%M:%S')} nothing left that fits before {args.until}\n")
                 return 0
             time.sleep(POLL_SECONDS)

@@ -75,3 +75,72 @@ def test_a_finished_pretraining_says_whether_its_agent_is_the_committed_one(camp
     assert " differs from " in campaign.agent_note(line, tmp_path)
     run_line = campaign.parse(f"30\tabc\tfedblend run {run / 'config.toml'} --out runs/r\n")[0]
     assert campaign.agent_note(run_line, tmp_path) == ""
+
+
+def _run_dir(path, rounds=100, every=10, last_round=None, checkpoint=True):
+    path.mkdir(parents=True)
+    (path / "config.toml").write_text(f'method = "fedavg"\nrounds = {rounds}\ncheckpoint_every = {every}\n')
+    if last_round is not None:
+        (path / "metrics.jsonl").write_text("".join(f'{{"round": {r}}}\n' for r in range(1, last_round + 1)))
+    if checkpoint:
+        (path / "checkpoint.pt").write_bytes(b"")
+
+
+def test_a_resumed_run_counts_only_the_rounds_after_its_last_checkpoint(campaign, tmp_path):
+    line = campaign.parse("50\tabc\tfedblend run /c.toml --out runs/x\n")[0]
+    assert campaign.share_left(line, tmp_path) == 1.0  # never started
+    _run_dir(tmp_path / "runs/x", rounds=100, every=10, last_round=37)
+    assert campaign.share_left(line, tmp_path) == pytest.approx(0.7)  # resumes from the round-30 checkpoint
+    now = 1000.0
+    deadline = now + 50 * 0.7 * 60 * campaign.MARGIN
+    assert campaign.fits(line, deadline, now, share=campaign.share_left(line, tmp_path))
+    assert not campaign.fits(line, deadline, now)  # the whole run would not
+    pre = campaign.parse("30\tabc\tfedblend pretrain /p.toml --out agents/a.pt\n")[0]
+    assert campaign.run_dir(pre, tmp_path) == tmp_path / "agents/a.pt.run"
+    _run_dir(tmp_path / "agents/a.pt.run", rounds=50, every=5, last_round=49)
+    assert campaign.share_left(pre, tmp_path) == pytest.approx(0.1)
+    _run_dir(tmp_path / "runs/y", rounds=100, last_round=37, checkpoint=False)
+    assert campaign.share_left(campaign.parse("50\tabc\tfedblend run /c.toml --out runs/y\n")[0], tmp_path) == 1.0
+
+
+def test_pick_starts_lines_that_fit_and_with_fill_the_next_ready_ones_past_the_deadline(campaign, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('method = "fedavg"\n')
+    agent_cfg = tmp_path / "a.toml"
+    agent_cfg.write_text('method = "pfedrlla"\n[options]\nagent = "agents/missing.pt"\n')
+    long_, waits, short, other = campaign.parse(
+        f"90\tabc\tfedblend run {cfg} --out runs/long\n20\tabc\tfedblend run {agent_cfg} --out runs/waits\n"
+        f"20\tabc\tfedblend run {cfg} --out runs/short\n80\tabc\tfedblend run {cfg} --out runs/other\n")
+    todo, now = [long_, waits, short, other], 0.0
+    deadline = 30 * 60 * campaign.MARGIN  # 30 minutes: only "short" fits
+    assert campaign.pick(todo, 2, tmp_path, deadline, now) == [(short, False)]
+    assert campaign.pick(todo, 2, tmp_path, deadline, now, fill=True) == [(short, False), (long_, True)]
+    assert campaign.pick(todo, 1, tmp_path, deadline, now, fill=True) == [(short, False)]
+    assert campaign.pick(todo, 0, tmp_path, deadline, now, fill=True) == []
+    # the agent's run never starts, not even to fill
+    assert waits not in [line for line, _ in campaign.pick(todo, 4, tmp_path, deadline, now, fill=True)]
+
+
+def test_runs_another_process_writes_take_places_and_stale_or_own_locks_do_not(campaign, tmp_path):
+    import subprocess
+    import sys
+
+    held, stale, ours = (tmp_path / "runs" / n for n in ("held", "stale", "ours"))
+    tree = tmp_path / "tree-abc" / "runs" / "x"
+    for d in (held, stale, ours, tree):
+        d.mkdir(parents=True)
+        (d / ".fedblend.lock").write_text("1\n")  # a file is not a lock: only a held flock counts
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fds = [os.open(p, os.O_RDWR) for p in sys.argv[1:]]\n"
+         "[fcntl.flock(fd, fcntl.LOCK_EX) for fd in fds]\nprint('held', flush=True)\ntime.sleep(60)",
+         str(held / ".fedblend.lock"), str(ours / ".fedblend.lock"), str(tree / ".fedblend.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert campaign.busy_elsewhere(tmp_path, {ours.resolve()}) == [held]
+        assert campaign.busy_elsewhere(tmp_path, set()) == [held, ours]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert campaign.busy_elsewhere(tmp_path, set()) == []  # the kernel released them
