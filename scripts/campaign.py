@@ -12,7 +12,8 @@ and agent files (``agents/...``) of every commit meet there, and a relative CONF
 tree. A line is started only when it can finish before ``--until`` (MINUTES x ``--scale`` x :data:`MARGIN`)
 and when the agent file its config loads (``options.agent``) exists, so a pre-trained row waits for its
 pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
-so what is left stays there; a run whose ``--out`` holds a checkpoint is resumed (``--resume``), and only the rounds
+so what is left stays there (a line whose run has its ``summary.json`` already is dropped, logged as
+skipped); a run whose ``--out`` holds a checkpoint is resumed (``--resume``), and only the rounds
 after that checkpoint count against the deadline (:func:`share_left`). Runs another process is writing under
 BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take their places among the ``--jobs``
 (:func:`busy_elsewhere`), so a runner restarted mid-session does not start more than ``--jobs`` at once.
@@ -134,6 +135,13 @@ def share_left(line: Line, base: Path) -> float:
     return max(0.0, 1.0 - done / rounds) if rounds > 0 else 1.0
 
 
+def finished(line: Line, base: Path) -> bool:
+    """Whether the line's run has ended already: its ``summary.json`` is written (and, for a pre-training, its
+    agent file)."""
+    return (run_dir(line, base) / "summary.json").exists() and (line.args[0] != "pretrain"
+                                                               or (base / line.out).exists())
+
+
 def fits(line: Line, deadline: float, now: float, scale: float = 1.0, share: float = 1.0) -> bool:
     """Whether the line's run ends before ``deadline``: its minutes x ``share`` (the part left, see
     :func:`share_left`) x ``scale`` (this machine's speed against the one that measured them) x :data:`MARGIN`
@@ -194,6 +202,12 @@ def agent_note(line: Line, base: Path) -> str:
     return f" (agent: {'same sha256 as' if got == want else f'sha256 {got[:12]} differs from'} {recorded})"
 
 
+def drop(queue: Path, line: Line) -> None:
+    """Rewrite the queue file without ``line`` (what is left stays there for the next runner)."""
+    rest = [t for t in queue.read_text().splitlines() if t != line.text]
+    queue.write_text("".join(t + "\n" for t in rest))
+
+
 def deadline_of(text: str, now: dt.datetime) -> float:
     """``HH:MM`` today (tomorrow when already past) as a timestamp."""
     h, m = (int(x) for x in text.split(":"))
@@ -226,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                     log.flush()
                     del running[key]
             queue = parse(args.queue.read_text())
+            for line in [line for line in queue if line.out not in running and finished(line, base)]:
+                log.write(f"{time.strftime('%H:%M:%S')} skip {line.out}: finished already (summary.json)\n")
+                log.flush()
+                drop(args.queue, line)
+                queue.remove(line)
             ours = {run_dir(line, base).resolve() for _, line in running.values()}
             elsewhere = busy_elsewhere(base, ours)
             free = max(0, args.jobs - len(running) - len(elsewhere))
@@ -233,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             for line, late in pick(todo, free, base, deadline, time.time(), args.scale, args.fill):
                 note = f" (past {args.until}: --fill, resumable from its checkpoints)" if late else ""
                 running[line.out] = (start(line, base, log, note), line)
-                rest = [t for t in args.queue.read_text().splitlines() if t != line.text]
-                args.queue.write_text("".join(t + "\n" for t in rest))
+                drop(args.queue, line)
             if not running and not elsewhere:
                 log.write(f"{time.strftime('%H:%M:%S')} nothing left that fits before {args.until}\n")
                 return 0

@@ -144,3 +144,28 @@ def test_runs_another_process_writes_take_places_and_stale_or_own_locks_do_not(c
         holder.kill()
         holder.wait()
     assert campaign.busy_elsewhere(tmp_path, set()) == []  # the kernel released them
+
+
+def test_a_line_whose_run_wrote_its_summary_is_finished(campaign, tmp_path):
+    run = campaign.parse("50\tabc\tfedblend run /c.toml --out runs/x\n")[0]
+    pre = campaign.parse("30\tabc\tfedblend pretrain /p.toml --out agents/a.pt\n")[0]
+    _run_dir(tmp_path / "runs/x", last_round=37)  # killed after round 37: resumable, not finished
+    _run_dir(tmp_path / "agents/a.pt.run", last_round=100)
+    assert not campaign.finished(run, tmp_path) and not campaign.finished(pre, tmp_path)
+    (tmp_path / "runs/x/summary.json").write_text("{}")
+    (tmp_path / "agents/a.pt.run/summary.json").write_text("{}")
+    assert campaign.finished(run, tmp_path)
+    assert not campaign.finished(pre, tmp_path)  # no agent file yet
+    (tmp_path / "agents/a.pt").write_bytes(b"")
+    assert campaign.finished(pre, tmp_path)
+
+
+def test_the_runner_drops_finished_lines_from_the_queue_and_stops_when_nothing_is_left(campaign, tmp_path):
+    queue = tmp_path / "queue.txt"
+    queue.write_text("50\tabc\tfedblend run /c.toml --out runs/x\n# a comment\n")
+    _run_dir(tmp_path / "runs/x", last_round=100)
+    (tmp_path / "runs/x/summary.json").write_text("{}")
+    assert campaign.main([str(queue), "--until", "23:59", "--base", str(tmp_path), "--fill"]) == 0
+    assert "runs/x" not in queue.read_text()
+    log = (tmp_path / "campaign.log").read_text()
+    assert "skip runs/x: finished already" in log and "nothing left" in log
