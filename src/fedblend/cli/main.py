@@ -333,11 +333,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band,
                      acc_range=args.acc_range), end="")
         return 0
-    overrides = list(args.overrides)
-    for flag in ("device", "backend", "workers"):
-        if getattr(args, flag, None) is not None:
-            overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, config_overrides(args))
     if args.cmd == "bench":
         from fedblend.bench import bench
 
@@ -404,6 +400,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
     print(f"results in {out}")
     return 0
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The command line's config overrides: its ``--set`` values, then ``--device`` / ``--backend`` / ``--workers``
+    (each the config field of its name)."""
+    overrides = list(args.overrides)
+    for flag in ("device", "backend", "workers"):
+        if getattr(args, flag, None) is not None:
+            overrides.append(f"{flag}={getattr(args, flag)!r}" if flag != "workers" else f"workers={args.workers}")
+    return overrides
 
 
 def _refuse_run_in(out: Path, force: bool) -> None:
