@@ -7,7 +7,10 @@ A command is taken from a shell block (```` ```bash ````, continuation lines joi
 as the shell would (``t1-fmnist-{pat,dir}-fedavg.toml``). A span that only names a command (``fedblend run``)
 is checked for its subcommand and flags, and so is one with placeholders (``CONFIG``, ``DIR``, ``N``, ``...``,
 ``[--flag]``, ``<method>``, ``a|b``), since its words are not a command line. The run folders ``report`` and
-``export`` name under ``results/`` must exist."""
+``export`` name under ``results/`` must exist.
+
+The docs' Python blocks are checked the same way: the names they import from fedblend exist, and so do the
+``fedblend.X`` and ``result.X`` they use; a config given to ``fedblend.run`` as a dict loads."""
 
 from __future__ import annotations
 
@@ -176,3 +179,54 @@ def test_commands_are_read_from_shell_blocks_and_inline_spans(tmp_path, monkeypa
         ("fedblend report runs/ --out r", False), ("fedblend run configs/a.toml --set seed=1", True),
         ("fedblend methods", True), ("fedblend export a|b RUN_DIR", True)]
     assert expand_braces("t-{a,b}-{c,d}.toml") == ["t-a-c.toml", "t-a-d.toml", "t-b-c.toml", "t-b-d.toml"]
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """``(where, code)`` of every ```` ```python ```` block in the docs that is Python (some sketch an algorithm
+    in pseudo-code: those do not compile and are left out)."""
+    blocks = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            try:
+                compile(m.group(1), str(doc), "exec")
+            except SyntaxError:
+                continue
+            blocks.append((f"{doc.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1)))
+    return blocks
+
+
+BLOCKS = python_blocks()
+
+
+@pytest.mark.parametrize("where,code", BLOCKS, ids=[w for w, _ in BLOCKS])
+def test_documented_python_names_what_fedblend_has(where, code):
+    """Its ``from fedblend... import`` names exist, so do the ``fedblend.X`` it calls and the ``result.X`` of the
+    ``RunResult`` that ``fedblend.run`` returns; a config ``fedblend.run`` is given as a dict loads."""
+    import ast
+    import dataclasses
+    import importlib
+
+    import fedblend
+    from fedblend.api import RunResult, load
+
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fedblend":
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{where}: {node.module} has no {alias.name}"
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            names = {"fedblend": set(dir(fedblend)),
+                     "result": set(dir(RunResult)) | {f.name for f in dataclasses.fields(RunResult)}}
+            assert node.value.id not in names or node.attr in names[node.value.id], \
+                f"{where}: {node.value.id}.{node.attr} does not exist"
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "fedblend" and node.args
+              and isinstance(node.args[0], ast.Dict)):
+            load(ast.literal_eval(node.args[0]))
+
+
+def test_the_docs_python_blocks_are_found_and_checked():
+    assert {w.split(":")[0] for w, _ in BLOCKS} >= {"README.md", "docs/workflow.md", "docs/deploy.md",
+                                                     "docs/plugins.md"}
