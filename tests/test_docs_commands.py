@@ -1,8 +1,9 @@
 """Every ``fedblend`` command the README and ``docs/`` show is one the command line accepts: its subcommand
-and flags parse, and the configs it names (under ``configs/``, ``results/``, ``examples/``) exist and load with
-its ``--set`` / ``--grid`` values (the config's own validation: fields, ranges, method and options). Nothing runs.
+and flags parse, and the configs it names (under ``configs/``, ``results/``, ``examples/``) exist and (but a
+plug-in package's, under ``examples/``) load with its ``--set`` / ``--grid`` values (the config's own
+validation: fields, ranges, method and options). Nothing runs.
 
-A command is taken from a shell block (```` ```bash ````, continuation lines joined, ``#`` comments, ``&&`` /
+A command is taken from a shell block (```` ```bash ````, indented ones too, continuation lines joined, ``#`` comments, ``&&`` /
 ``|`` / ``;`` chains split) or from an inline code span, after leading ``VAR=value`` assignments; braces expand
 as the shell would (``t1-fmnist-{pat,dir}-fedavg.toml``). A span that only names a command (``fedblend run``)
 is checked for its subcommand and flags, and so is one with placeholders (``CONFIG``, ``DIR``, ``N``, ``...``,
@@ -55,7 +56,7 @@ def documented_commands() -> list[tuple[str, str, bool]]:
     for doc in DOCS:
         text = doc.read_text()
         rel = doc.relative_to(REPO)
-        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        for m in re.finditer(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.S | re.M):  # list items indent them
             if m.group(1) not in ("", "bash", "sh", "console", "shell"):
                 continue
             first = text.count("\n", 0, m.start(2)) + 1
@@ -68,7 +69,7 @@ def documented_commands() -> list[tuple[str, str, bool]]:
                     continue
                 found += [(f"{rel}:{start}", c, False) for c in _commands_in(joined)]
                 joined, start = "", None
-        prose = re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+        prose = re.sub(r"^[ \t]*```.*?^[ \t]*```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
         for m in re.finditer(r"`([^`]+)`", prose):
             line = text.count("\n", 0, m.start()) + 1
             found += [(f"{rel}:{line}", c, True) for c in _commands_in(m.group(1).replace("\n", " "))]
@@ -114,6 +115,8 @@ def check(command: str, mention: bool = False) -> None:
             if config and not config.startswith(CHECKED_ROOTS):
                 continue  # the user's own file, or a run's output
             assert not config or (REPO / config).is_file(), f"{config} does not exist"
+            if config and config.startswith("examples/"):
+                continue  # a plug-in package's config: loads where the package is installed (tests/test_plugins.py)
             for cell in cells:
                 _config_loads(config, overrides + cell)  # no config: the flags alone make it
 
