@@ -28,7 +28,9 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 CHECKED_ROOTS = ("configs/", "results/", "examples/")
 PLACEHOLDER = re.compile(r"(?<![\w.])[A-Z][A-Z0-9_]*(?![\w])|\.\.\.|[\[\]<>]|\w\|\w")
 CONFIG_COMMANDS = {"run", "pretrain", "partition", "bench", "deploy"}
-VALUED = {"--threads", "--backend", "--workers", "--device", "--rounds", "--nodes", "--jobs"}  # a flag and its value
+# runtime flags whose value prose may show (`fedblend run --threads 1`); --set is not one: a span that sets the
+# config is a command line, and its config is loaded
+VALUED = {"--threads", "--backend", "--workers", "--device", "--rounds", "--nodes", "--jobs"}
 
 
 def expand_braces(text: str) -> list[str]:
