@@ -70,6 +70,34 @@ def test_golden_tolerance_absorbs_last_bit_drift(key, tiny_fed):
     assert diff_histories(base, drift) == []
 
 
+#: torch's portable kernels, whatever the CPU: no vectorized ATen kernels, oneDNN at its oldest x86 level
+PORTABLE_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+PORTABLE_CASES = ["fedavg/full", "fedala/partial-keep", "fedapa/full", "fedalp/full", "pfedrlla/partial-keep"]
+
+
+def test_golden_tolerance_absorbs_another_cpus_kernels(tiny_fed):
+    """The same golden cases computed with torch's portable kernels (in a subprocess: the kernels are chosen at
+    import) differ from this CPU's vectorized ones in their last bits, and nowhere beyond the tolerance: the real
+    difference between two CPUs, where the test above simulates it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys, torch; sys.path.insert(0, '.'); "
+            "from tests.golden.record_synthetic import golden_federation, history; fed = golden_federation(); "
+            f"print(json.dumps([torch.backends.cpu.get_cpu_capability(), {{k: history(fed, k) for k in {PORTABLE_CASES!r}}}]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True,
+                         env={**os.environ, **PORTABLE_KERNELS}, capture_output=True, text=True, timeout=600)
+    capability, portable = json.loads(out.stdout.splitlines()[-1])
+    assert capability == "DEFAULT"
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU already runs torch's portable kernels")
+    here = {k: history(tiny_fed, k, "eval") for k in PORTABLE_CASES}
+    if all(diff_histories(here[k], portable[k], exact=True) == [] for k in PORTABLE_CASES):
+        pytest.skip("the portable kernels give this CPU's results bit for bit: no difference to test the tolerance on")
+    assert {k: diff_histories(here[k], portable[k]) for k in PORTABLE_CASES} == {k: [] for k in PORTABLE_CASES}
+
+
 @pytest.mark.parametrize("key", ["fedavg/full", "fedala/partial-keep", "fedapa/full", "fedalp/full"])
 def test_golden_tolerance_catches_a_one_percent_change(key, tiny_fed):
     lr = 0.05  # tiny_sim's learning rate
