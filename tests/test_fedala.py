@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -158,6 +159,22 @@ def test_initial_stage_stops_by_rule_or_cap_and_later_rounds_learn_one_epoch():
         _, cs = t.apply(None, dict(glob), cs, ctx := _ctx(model, x, y, rnd=2))
     assert ctx.stats["ala_epochs"] == 1 and ctx.stats["ala_initial"] == 0.0
     assert set(cs["ala"]) == {"weights", "initial_done"}  # no per-round record in the state (issue 22)
+
+
+def test_initial_stage_stops_at_the_first_nonfinite_loss_with_a_warning():
+    """A NaN in the received model makes every loss NaN, which no stop rule can meet: the initial stage ends
+    after that epoch (not at the cap), says why, and the run's divergence check then reports it."""
+    model, local, glob, x, y = _toy(5)
+    glob = {**glob, "fc1.weight": glob["fc1.weight"].clone().fill_(float("nan"))}  # below ALA's top layer
+    w0 = {n: torch.ones_like(glob[n]) for n in ("fc2.weight", "fc2.bias")}
+    kw = dict(batch_size=2, generator=torch.Generator().manual_seed(0))
+    res = learn_weights(model, local, glob, w0, x, y, ALAOptions(cap=50), initial=True, **kw)
+    assert res.nonfinite and not res.capped and res.epochs == 1 and math.isnan(res.losses[-1])
+    res = learn_weights(model, local, _toy(5)[2], w0, x, y, ALAOptions(cap=50), initial=True, **kw)
+    assert not res.nonfinite and res.epochs > 1  # finite losses: the stop rule, as before
+    with pytest.warns(RuntimeWarning, match="stopped at epoch 1: its loss is nan"):
+        _, cs = ALA(ALAOptions(cap=50)).apply(None, dict(glob), {"params": local}, ctx := _ctx(model, x, y))
+    assert ctx.stats["ala_epochs"] == 1 and ctx.stats["ala_capped"] == 0.0
 
 
 def test_skipped_when_global_equals_local():

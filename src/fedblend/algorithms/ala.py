@@ -93,6 +93,10 @@ class ALA(ClientTransform):
         bs = self.opts.batch_size or ctx.train.batch_size
         res = learn_weights(ctx.model, local, glob, weights, ctx.data.train_x, ctx.data.train_y, self.opts, bs,
                             ctx.tree.torch("ala"), initial=not st["initial_done"])
+        if res.nonfinite and res.initial:  # a later round learns one epoch anyway
+            warnings.warn(f"ALA initial stage of client {ctx.cid} (round {ctx.rnd + 1}) stopped at epoch "
+                          f"{res.epochs}: its loss is {res.losses[-1]} (non-finite models or data)",
+                          RuntimeWarning, stacklevel=2)
         if res.capped:
             warnings.warn(f"ALA initial stage of client {ctx.cid} (round {ctx.rnd + 1}) stopped at the cap of "
                           f"{self.opts.cap} epochs: std of the last {self.opts.window} losses "

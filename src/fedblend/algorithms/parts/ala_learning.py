@@ -8,6 +8,7 @@ host method (state, memo, evaluation) is :mod:`fedblend.algorithms.ala`."""
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -117,18 +118,22 @@ class ALAResult:
     epochs: int
     initial: bool  # whether this was the initial stage
     capped: bool  # initial stage stopped by the cap, not by the stop rule
+    nonfinite: bool = False  # stopped at the first epoch whose loss is NaN / inf (non-finite models or data)
 
 
 def learn_weights(model: FedModel, local: Params, glob: Params, weights: Params, x: torch.Tensor,
                   y: torch.Tensor, opts: ALAOptions, batch_size: int, generator: torch.Generator,
                   initial: bool) -> ALAResult:
     """Weight learning of one round (Alg. 1 lines 9-17): sample D_i^{s,t}, train W one epoch (or until the stop
-    rule in the initial stage), then build theta_hat by Eq. 4. ``local`` / ``glob`` are not modified."""
+    rule in the initial stage), then build theta_hat by Eq. 4. ``local`` / ``glob`` are not modified.
+
+    An epoch whose loss is not finite ends the learning (``nonfinite``): no stop rule can hold on NaN losses, so
+    the initial stage would otherwise run to its cap before the run's divergence check reports the cause."""
     local = {n: local[n].detach() for n in weights}
     glob = {k: v.detach() for k, v in glob.items()}
     w = {n: v.detach().clone() for n, v in weights.items()}
     losses: list[float] = []
-    capped = False
+    capped = nonfinite = False
     if len(y) > 0:
         idx = sample_indices(len(y), opts.s, opts.sample, generator)
         parts = list(torch.split(idx, batch_size))
@@ -144,12 +149,13 @@ def learn_weights(model: FedModel, local: Params, glob: Params, weights: Params,
                 batch_losses.append(loss)
                 sizes.append(len(b))
             losses.append(batch_losses[-1] if opts.record == "last" else float(np.average(batch_losses, weights=sizes)))
-            if not initial or converged(losses, opts.window, opts.threshold):
+            nonfinite = not math.isfinite(losses[-1])
+            if nonfinite or not initial or converged(losses, opts.window, opts.threshold):
                 break
             if len(losses) >= opts.cap:
                 capped = True
                 break
-    return ALAResult(blend({**glob, **local}, glob, w), w, losses, len(losses), initial, capped)
+    return ALAResult(blend({**glob, **local}, glob, w), w, losses, len(losses), initial, capped, nonfinite)
 
 
 def fingerprint(params: Mapping[str, torch.Tensor]) -> str:
