@@ -14,7 +14,8 @@ and when the agent file its config loads (``options.agent``) exists, so a pre-tr
 pre-training line; the others are tried in order. The queue file is rewritten without each line as it starts,
 so what is left stays there (a line whose run has its ``summary.json`` already is dropped, logged as
 skipped); a run whose ``--out`` holds a checkpoint is resumed (``--resume``), and only the rounds
-after that checkpoint count against the deadline (:func:`share_left`). Runs another process is writing under
+after that checkpoint count against the deadline (:func:`share_left`); one cut before its first checkpoint
+starts over (``--force``, :func:`restart_flags`). Runs another process is writing under
 BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take their places among the ``--jobs``
 (:func:`busy_elsewhere`), so a runner restarted mid-session does not start more than ``--jobs`` at once.
 ``--fill``: when a place is free and no line fits, start the first ready line anyway; the session's end then
@@ -170,12 +171,21 @@ def pick(todo: list[Line], free: int, base: Path, deadline: float, now: float, s
     return [(line, False) for line in on_time] + [(line, True) for line in late]
 
 
+def restart_flags(line: Line, base: Path) -> list[str]:
+    """How the line's run starts over what an earlier, cut run left: ``--resume`` from its checkpoint;
+    ``--force`` when it was cut before its first checkpoint (its files are only the start of a run that has
+    nothing to resume from, and ``fedblend`` refuses to write over them without it); nothing for a new run.
+    A finished run (``finished``) or one another process writes (``busy_elsewhere``) is never started."""
+    d = run_dir(line, base)
+    if (d / "checkpoint.pt").exists():
+        return ["--resume"]
+    return ["--force"] if d.is_dir() and any(d.iterdir()) else []
+
+
 def start(line: Line, base: Path, log, note: str = "") -> subprocess.Popen:
     wt = tree(line.commit, base)
-    args = [line.args[0], str(config_path(line, base)), *line.args[2:]]
+    args = [line.args[0], str(config_path(line, base)), *line.args[2:], *restart_flags(line, base)]
     out = base / line.out
-    if (run_dir(line, base) / "checkpoint.pt").exists():
-        args.append("--resume")
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(wt / "src"))
     share = share_left(line, base)

@@ -103,6 +103,18 @@ def test_a_resumed_run_counts_only_the_rounds_after_its_last_checkpoint(campaign
     assert campaign.share_left(campaign.parse("50\tabc\tfedblend run /c.toml --out runs/y\n")[0], tmp_path) == 1.0
 
 
+def test_a_cut_run_resumes_from_its_checkpoint_and_one_cut_before_its_first_starts_over(campaign, tmp_path):
+    run = campaign.parse("50\tabc\tfedblend run /c.toml --out runs/x\n")[0]
+    pre = campaign.parse("30\tabc\tfedblend pretrain /p.toml --out agents/a.pt\n")[0]
+    assert campaign.restart_flags(run, tmp_path) == [] and campaign.restart_flags(pre, tmp_path) == []  # new
+    (tmp_path / "runs/e").mkdir(parents=True)  # an empty folder: fedblend writes into it
+    assert campaign.restart_flags(campaign.parse("50\tabc\tfedblend run /c.toml --out runs/e\n")[0], tmp_path) == []
+    _run_dir(tmp_path / "runs/x", last_round=1, checkpoint=False)  # cut in round 2, before its first checkpoint
+    assert campaign.restart_flags(run, tmp_path) == ["--force"]
+    _run_dir(tmp_path / "agents/a.pt.run", last_round=37)
+    assert campaign.restart_flags(pre, tmp_path) == ["--resume"]
+
+
 def test_pick_starts_lines_that_fit_and_with_fill_the_next_ready_ones_past_the_deadline(campaign, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('method = "fedavg"\n')
