@@ -194,6 +194,8 @@ def test_t1_rows_against_fedapa_are_paired_by_seed_with_a_t_interval(tmp_path, t
     assert "| FedPHP | +1.50 [-4.85, +7.85] (2 seeds) | - |" in text
     assert "| FedAMP | - | - |" in text  # no FedAPA run of its seed
     assert "FedAPA |" not in text.split("\n", 2)[2]  # the anchor has no row of its own
+    text = tables.render_paired(tables.T1, "fedapa", tmp_path, per_seed=True)  # T4's: each seed's difference too
+    assert "| FedPHP | +1.50 [-4.85, +7.85] (2 seeds; per seed +1.00 / +2.00) | - |" in text
 
 
 def test_a_method_without_a_reference_gets_a_row_saying_so(tmp_path, tables):
