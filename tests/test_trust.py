@@ -46,8 +46,10 @@ def test_identity_recorded_in_summary_config_and_checkpoint(tmp_path):
     assert run["config"]["options"] == {"mu": 0.01} and run["config"]["ala"]["eta"] == 1.0  # defaults filled in
     assert "batch_size" not in run["config"]["ala"]  # an unset option stays unset (TOML has no null)
     assert s["config_hash"] == run["config_hash"] == config_hash(run["config"])
-    assert {"fedblend", "torch", "numpy", "python", "git_commit", "device", "threads"} <= set(run)
+    assert {"fedblend", "torch", "numpy", "python", "git_commit", "device", "threads", "cpu"} <= set(run)
     assert run["torch"] == torch.__version__ and run["threads"] == torch.get_num_threads()
+    assert run["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability() and run["cpu"]["model"]
+    assert "cpu_history" not in run  # one CPU
     again = load_config(tmp_path / "r" / "config.toml")  # config.toml is the resolved config and loads back
     assert again.resolved() == run["config"]
     assert f"# config_hash: {s['config_hash']}" in (tmp_path / "r" / "config.toml").read_text()
@@ -101,6 +103,29 @@ def test_resume_keeps_the_input_file_the_run_started_from_and_warns_when_it_chan
     with pytest.warns(RuntimeWarning, match=r"init: .*w\.pt is not the file .* started from"):
         run_experiment(cfg, tmp_path / "r", resume=True)
     assert _strict(tmp_path / "r" / "summary.json")["run"]["inputs"]["init"]["sha256"] == started
+
+
+def test_resume_under_other_cpu_kernels_warns_and_records_each_cpu(tmp_path):
+    """A run resumed where torch runs other kernels (here: its portable ones, in a fresh process) continues, says
+    its floats may differ from an uninterrupted run's in the last bits, and its summary names both CPUs."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU already runs torch's portable kernels")
+    out = tmp_path / "r"
+    run_experiment(_cfg(), out, stop_after=1)
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    res = subprocess.run([sys.executable, "-m", "fedblend.cli.main", "run", str(out / "config.toml"), "--out",
+                          str(out), "--resume", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "resuming on a CPU whose torch kernels are DEFAULT" in res.stderr
+    assert f"the run started on {torch.backends.cpu.get_cpu_capability()}" in res.stderr
+    summary = _strict(out / "summary.json")
+    assert summary["rounds"] == 2 and summary["run"]["cpu"]["capability"] == "DEFAULT"
+    run = summary["run"]
+    assert [c["capability"] for c in run["cpu_history"]] == [torch.backends.cpu.get_cpu_capability(), "DEFAULT"]
 
 
 RESUME_CHANGES = [

@@ -106,15 +106,30 @@ def git_commit() -> str | None:
         return None
 
 
+def cpu_identity() -> dict[str, str]:
+    """The CPU a run computed on: torch's kernel level (``capability``: e.g. ``AVX512``, ``AVX2``, ``DEFAULT``),
+    which decides the last bits of every float result, and the processor's name (``model``)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"capability": str(torch.backends.cpu.get_cpu_capability()),
+            "model": model or platform.processor() or platform.machine()}
+
+
 def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
-    """What produced a result: the resolved config and its hash, versions, git commit, device, threads, and
+    """What produced a result: the resolved config and its hash, versions, git commit, device, threads, the CPU
+    (:func:`cpu_identity`), and
     (``inputs``, only when the config names one) the sha256 of each file the run reads besides the dataset: the
     config records a path, the same path can hold another file (a re-made agent, a new init), and the hash tells
     the two runs apart."""
     resolved = cfg.resolved()
     identity = {"config_hash": config_hash(resolved), "config": resolved, "fedblend": fedblend.__version__,
                 "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
-                "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads()}
+                "git_commit": git_commit(), "device": device, "threads": torch.get_num_threads(),
+                "cpu": cpu_identity()}
     inputs = cfg.input_digests()
     if inputs:
         identity["inputs"] = inputs
@@ -157,6 +172,11 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
         raise ResumeMismatchError(f"--resume: the config differs from the one {ck_path.parent} was run with: "
                                   f"{'; '.join(diffs)}. Resume with {ck_path.parent / 'config.toml'} (plus a "
                                   f"larger rounds), or start a new run (another --out, or --force)")
+    was, now = (old.get("cpu") or {}).get("capability"), cpu_identity()["capability"]
+    if was is not None and was != now:
+        warnings.warn(f"resuming on a CPU whose torch kernels are {now}, the run started on {was} "
+                      f"({old['cpu'].get('model')}): float results may differ from an uninterrupted run in the last "
+                      f"bits (the summary's run.cpu_history records each CPU)", RuntimeWarning, stacklevel=3)
     if old.get("threads") != torch.get_num_threads():
         warnings.warn(f"resuming with {torch.get_num_threads()} threads, the run used {old.get('threads')}: "
                       f"results may differ from an uninterrupted run in the last bits (use --threads "
@@ -445,7 +465,13 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
         check_checkpoint_files(ck, out, ck_path)
     identity = run_identity(cfg, device)
     if ck is not None:
-        keep_start_inputs(identity, (ck.get("extra") or {}).get("identity") or {}, ck_path)
+        started = (ck.get("extra") or {}).get("identity") or {}
+        keep_start_inputs(identity, started, ck_path)
+        cpus = started.get("cpu_history") or ([started["cpu"]] if started.get("cpu") else [])
+        if cpus and cpus[-1] != identity["cpu"]:
+            cpus = [*cpus, identity["cpu"]]
+        if len(cpus) > 1:  # computed on more than one CPU: each, in order
+            identity["cpu_history"] = cpus
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
