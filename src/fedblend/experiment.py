@@ -151,6 +151,22 @@ def keep_start_inputs(identity: dict, old: dict, ck_path: Path) -> None:
     identity["inputs"] = old["inputs"]
 
 
+def keep_cpu_history(identity: dict, old: dict) -> None:
+    """On ``--resume``: when the run's last part ran on a CPU whose torch kernels differ from this one's, warn
+    (float results may differ from an uninterrupted run's in the last bits); when any part did, list each CPU in
+    order under ``cpu_history``."""
+    cpus = old.get("cpu_history") or ([old["cpu"]] if old.get("cpu") else [])
+    if cpus and cpus[-1]["capability"] != identity["cpu"]["capability"]:
+        warnings.warn(f"resuming on a CPU whose torch kernels are {identity['cpu']['capability']}, the run "
+                      f"started on {cpus[-1]['capability']} ({cpus[-1].get('model')}): float results may differ from "
+                      f"an uninterrupted run in the last bits (the summary's run.cpu_history records each CPU)",
+                      RuntimeWarning, stacklevel=3)
+    if cpus and cpus[-1] != identity["cpu"]:
+        cpus = [*cpus, identity["cpu"]]
+    if len(cpus) > 1:  # computed on more than one CPU: each, in order
+        identity["cpu_history"] = cpus
+
+
 def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
     """Refuse to continue a checkpoint under a different config (listing the differing fields); only
     ``rounds`` may grow, and the runtime-only fields may differ. Warns when the thread count differs (results
@@ -172,11 +188,6 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
         raise ResumeMismatchError(f"--resume: the config differs from the one {ck_path.parent} was run with: "
                                   f"{'; '.join(diffs)}. Resume with {ck_path.parent / 'config.toml'} (plus a "
                                   f"larger rounds), or start a new run (another --out, or --force)")
-    was, now = (old.get("cpu") or {}).get("capability"), cpu_identity()["capability"]
-    if was is not None and was != now:
-        warnings.warn(f"resuming on a CPU whose torch kernels are {now}, the run started on {was} "
-                      f"({old['cpu'].get('model')}): float results may differ from an uninterrupted run in the last "
-                      f"bits (the summary's run.cpu_history records each CPU)", RuntimeWarning, stacklevel=3)
     if old.get("threads") != torch.get_num_threads():
         warnings.warn(f"resuming with {torch.get_num_threads()} threads, the run used {old.get('threads')}: "
                       f"results may differ from an uninterrupted run in the last bits (use --threads "
@@ -467,11 +478,7 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
     if ck is not None:
         started = (ck.get("extra") or {}).get("identity") or {}
         keep_start_inputs(identity, started, ck_path)
-        cpus = started.get("cpu_history") or ([started["cpu"]] if started.get("cpu") else [])
-        if cpus and cpus[-1] != identity["cpu"]:
-            cpus = [*cpus, identity["cpu"]]
-        if len(cpus) > 1:  # computed on more than one CPU: each, in order
-            identity["cpu_history"] = cpus
+        keep_cpu_history(identity, started)
     raw = load_dataset(cfg.dataset, data_dir)
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
