@@ -22,8 +22,9 @@ BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take 
 stops it, and a later session on a machine that kept BASE resumes it from its last checkpoint (every
 ``checkpoint_every`` rounds) instead of the cores idling until the deadline. The log
 (``BASE/campaign.log``) has a line per start and end (for a pre-training, whether its agent file is the
-committed one, :func:`agent_note`); ``python scripts/tables.py collect-left BASE/runs`` copies
-the finished runs into ``results/``.
+committed one, :func:`agent_note`; for a run that failed, where its output is: its line goes to
+``QUEUE.failed``, :func:`failed`, to be queued again once the cause is fixed); ``python scripts/tables.py
+collect-left BASE/runs`` copies the finished runs into ``results/``.
 """
 
 from __future__ import annotations
@@ -212,6 +213,16 @@ def agent_note(line: Line, base: Path) -> str:
     return f" (agent: {'same sha256 as' if got == want else f'sha256 {got[:12]} differs from'} {recorded})"
 
 
+def failed(queue: Path, line: Line) -> str:
+    """A run that ended with an error keeps its line: appended to ``QUEUE.failed`` (the queue file itself
+    dropped it when it started), so a failure that has a fix (a missing package, a full disk) loses no line;
+    the log's note names that file and the run's output."""
+    kept = queue.with_name(queue.name + ".failed")
+    with open(kept, "a") as f:
+        f.write(line.text + "\n")
+    return f" (failed: see {line.out}.log; its line is kept in {kept})"
+
+
 def drop(queue: Path, line: Line) -> None:
     """Rewrite the queue file without ``line`` (what is left stays there for the next runner)."""
     rest = [t for t in queue.read_text().splitlines() if t != line.text]
@@ -245,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             for key, (proc, line) in list(running.items()):
                 if proc.poll() is not None:
-                    log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}"
-                              f"{agent_note(line, base) if proc.returncode == 0 else ''}\n")
+                    note = agent_note(line, base) if proc.returncode == 0 else failed(args.queue, line)
+                    log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}{note}\n")
                     log.flush()
                     del running[key]
             queue = parse(args.queue.read_text())

@@ -181,3 +181,29 @@ def test_the_runner_drops_finished_lines_from_the_queue_and_stops_when_nothing_i
     assert "runs/x" not in queue.read_text()
     log = (tmp_path / "campaign.log").read_text()
     assert "skip runs/x: finished already" in log and "nothing left" in log
+
+
+def test_a_failed_run_keeps_its_line_in_queue_failed_and_the_log_names_its_output(campaign, tmp_path, monkeypatch):
+    """The runner drops a line when it starts it; a run that ends with an error gets the line back in
+    ``QUEUE.failed`` (a run that succeeds does not), and the log's end line says where its output is."""
+    import subprocess
+    import sys
+
+    queue = tmp_path / "queue.txt"
+    (tmp_path / "c.toml").write_text('method = "fedavg"\n')
+    bad, good = (f"50\tabc\tfedblend run {tmp_path / 'c.toml'} --out runs/{name}" for name in ("bad", "good"))
+    queue.write_text(f"{bad}\n{good}\n")
+
+    def fake_start(line, base, log, note=""):  # the run itself: exit 1 for runs/bad, 0 for runs/good
+        log.write(f"start {line.out}\n")
+        return subprocess.Popen([sys.executable, "-c", f"raise SystemExit({int(line.out == 'runs/bad')})"])
+
+    monkeypatch.setattr(campaign, "start", fake_start)
+    monkeypatch.setattr(campaign, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(campaign, "head", lambda: "abc")
+    assert campaign.main([str(queue), "--until", "23:59", "--base", str(tmp_path), "--fill"]) == 0
+    assert queue.read_text() == ""
+    assert (tmp_path / "queue.txt.failed").read_text() == bad + "\n"
+    log = (tmp_path / "campaign.log").read_text()
+    assert f"end rc=1 runs/bad (failed: see runs/bad.log; its line is kept in {queue}.failed)" in log
+    assert "end rc=0 runs/good\n" in log

@@ -1,6 +1,7 @@
 import gzip
 import io
 import pickle
+import sys
 import tarfile
 
 import numpy as np
@@ -103,3 +104,34 @@ def test_real_archives(real_data_dir):
     assert np.bincount(mn.train_y).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     ag = load_dataset("ag_news", real_data_dir)
     assert ag.test_x.shape[0] == 7600 and np.bincount(ag.test_y).tolist() == [1900] * 4
+
+
+def test_real_usps_archive(real_data_dir):
+    pytest.importorskip("h5py")
+    raw = load_dataset("usps", real_data_dir)
+    assert raw.train_x.shape == (7291, 1, 16, 16) and raw.test_x.shape == (2007, 1, 16, 16)
+    assert raw.train_x.dtype == np.uint8 and raw.train_x.max() == 255 and sorted(set(raw.test_y.tolist())) == list(range(10))
+
+
+@pytest.mark.parametrize("dataset", ["usps", "mnist_star"])
+def test_a_dataset_whose_optional_package_is_missing_stops_the_run_in_one_line_before_writing(
+        dataset, tmp_path, monkeypatch, capsys):
+    """usps.h5 (USPS, and MNIST*'s USPS domain) needs h5py: without it ``fedblend run`` ends in one
+    ``fedblend: error:`` line naming the extra, exit 2, and no run directory; ``load_dataset`` raises the same."""
+    from fedblend.cli.main import main
+    from fedblend.common.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "h5py", None)  # import fails
+    with pytest.raises(ConfigError, match=rf"dataset '{dataset}' needs the h5py package.*pip install 'fedblend\[usps\]'"):
+        load_dataset(dataset, tmp_path)
+    out = tmp_path / "run"
+    assert main(["run", "--set", f"dataset={dataset}", "--set", "model=cnn4", "--set", "rounds=1",
+                 "--data-dir", str(tmp_path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedblend: error: dataset") and "fedblend[usps]" in err[0]
+    assert not out.exists()
+
+
+def test_every_built_in_dataset_declares_its_inputs():
+    """:data:`INPUTS` (the model-fits check before a run) knows every built-in dataset's sample kind and shape."""
+    assert set(sources.DATASETS) | {"synthetic"} == set(sources.INPUTS)

@@ -75,7 +75,7 @@ from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
-from fedblend.data.sources import load_dataset
+from fedblend.data.sources import load_dataset, require_packages
 from fedblend.figures import plot_run
 from fedblend.rundir import RUN_FILES, DirLock, check_out_dir, clear_run, holds_run, locked_by
 from fedblend.tracking import check_available, make_trackers
@@ -458,6 +458,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     cfg = check_config(cfg)
     check_backend(cfg, backend)
     check_model_fits(cfg.model, cfg.dataset)
+    require_packages(cfg.dataset)  # a missing optional package stops the run before it writes anything
     device = cfg.resolved_device()
     check_out_dir(out, resume, force)  # before the lock creates anything
     with DirLock(out) as lock:

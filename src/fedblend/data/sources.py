@@ -18,6 +18,7 @@ import bz2
 import csv
 import gzip
 import hashlib
+import importlib
 import os
 import pickle
 import re
@@ -26,11 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedblend.common import plugins
-from fedblend.common.errors import DataError, FedblendError
+from fedblend.common.errors import ConfigError, DataError, FedblendError
 from fedblend.data.raw import RawDataset
 from fedblend.data.synthetic import make_synthetic
 
@@ -276,11 +278,8 @@ def _read_ag_csv(path: Path) -> list[tuple[int, str]]:
 
 def _load_usps(data_dir: Path, download: bool = True) -> RawDataset:
     """USPS 16x16 digits from the Kaggle ``usps.h5`` (train 7,291 / test 2,007; needs ``h5py``)."""
+    h5py = require_packages("usps")["h5py"]
     path = fetch(data_dir, "usps", FileSpec("usps.h5", "355df6b942eb766252e0340bc019b0b9", None), download)
-    try:
-        import h5py
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("reading usps.h5 needs h5py: pip install 'fedblend[usps]'") from exc
     with h5py.File(path, "r") as f:
         def get(split: str) -> tuple[np.ndarray, np.ndarray]:
             x = np.asarray(f[split]["data"], dtype=np.float32).reshape(-1, 1, 16, 16)
@@ -348,12 +347,37 @@ DATASETS: dict[str, Callable[..., RawDataset]] = {
 }
 
 
+# The optional packages a built-in dataset's reader imports: dataset -> ((module, extra that installs it), ...).
+NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "usps": (("h5py", "usps"),),  # usps.h5
+    "mnist_star": (("h5py", "usps"),),  # its USPS domain
+}
+
+
+def require_packages(name: str) -> dict[str, Any]:
+    """The optional packages dataset ``name`` reads with (:data:`NEEDS`), imported; one that is missing raises a
+    one-line :class:`~fedblend.common.errors.ConfigError` naming the dataset and the extra that installs it, so a
+    run stops before it writes anything instead of in a traceback from inside the reader."""
+    mods = {}
+    for module, extra in NEEDS.get(name, ()):
+        try:
+            mods[module] = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"dataset {name!r} needs the {module} package, which is not installed "
+                              f"({_first_line(exc)}): pip install 'fedblend[{extra}]'") from exc
+    return mods
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 # What each dataset's samples are, known without reading it (used to check a model fits before any loading):
 # kind, and for images (channels, side).
 INPUTS: dict[str, tuple[str, tuple[int, int] | None]] = {
     "mnist": ("image", (1, 28)), "fmnist": ("image", (1, 28)), "cifar10": ("image", (3, 32)),
     "cifar100": ("image", (3, 32)), "usps": ("image", (1, 16)), "ag_news": ("text", None),
-    "synthetic": ("image", (1, 8)),
+    "mnist_star": ("image", (3, 28)), "synthetic": ("image", (1, 8)),
 }
 
 
@@ -367,6 +391,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download:
     if find_dataset(name) is None:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}, a plug-in's "
                          f"entry point (group fedblend.datasets) or 'package.module:function'")
+    require_packages(name)
     folder = resolve_data_dir(data_dir)
     try:
         raw = DATASETS[name](folder, download)
