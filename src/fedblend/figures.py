@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fedblend.common.optional import MissingPackageError, pyplot
 from fedblend.core.evaluation import client_accuracies
 
 METHOD_NAMES = {
@@ -101,12 +102,7 @@ def run_config(run: Path) -> dict:
 
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot("a figure")
 
 
 def integer_rounds(ax) -> None:
@@ -215,9 +211,8 @@ def plot_run(out: Path) -> Path | None:
     where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
     skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        warnings.warn("no accuracy.png: matplotlib is missing (pip install 'fedblend[plot]', or [log] plot = false)",
-                      RuntimeWarning, stacklevel=2)
+        pyplot("accuracy.png")
+    except MissingPackageError as exc:
+        warnings.warn(f"no accuracy.png: {exc} (or [log] plot = false)", RuntimeWarning, stacklevel=2)
         return None
     return plot_run_accuracy(out)

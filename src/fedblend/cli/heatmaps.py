@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fedblend.algorithms.fedapa import FedAPA, FedAPAOptions
+from fedblend.common.optional import pyplot
 
 
 def same_class_mass(weights: torch.Tensor, train_counts: Sequence[Sequence[int]]) -> dict[str, float]:
@@ -36,10 +37,7 @@ def same_class_mass(weights: torch.Tensor, train_counts: Sequence[Sequence[int]]
 # ------------------------------------------------------------------------------------------------ heatmaps
 def save_heatmap(matrix: torch.Tensor, path: str | Path, title: str = "") -> Path:
     """Write the aggregation-weight matrix (row i = weights client i's model is built from) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the heatmaps")
 
     m = matrix.detach().cpu().float().numpy()
     n = m.shape[0]

@@ -50,6 +50,7 @@ from fedblend.common.errors import (
     RunInterrupted,
     UserFileError,
 )
+from fedblend.common.optional import MissingPackageError
 from fedblend.config import SCALAR_RANGES
 from fedblend.rundir import DirLock, die_with_parent
 
@@ -357,8 +358,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                 _refuse_run_in(out, args.force)
                 fed.save(out / "partition.json")
                 (out / "partition.txt").write_text(fed.table() + "\n")
-                plot_counts(fed, out / "partition.png")
-            print(f"wrote {out}/partition.json, partition.txt, partition.png")
+                try:
+                    plot_counts(fed, out / "partition.png")
+                    png = ", partition.png"
+                except MissingPackageError as exc:  # the partition is written; its picture is what is missing
+                    warnings.warn(f"no partition.png: {exc}", RuntimeWarning, stacklevel=1)
+                    png = ""
+            print(f"wrote {out}/partition.json, partition.txt{png}")
         if args.export:
             _export_partition(cfg, fed, args)
         return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import numpy as np
 
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import dotted_keys, dumps, read_json_object, read_jsonl
+from fedblend.common.optional import MissingPackageError, pyplot
 from fedblend.config import config_hash
 from fedblend.rundir import DirLock
 
@@ -421,7 +423,7 @@ BANDS = {"std": "band: ± sample std over seeds (ddof = 1)", "ci": "band: 95% t-
 def plot_curves(rows: list[dict], path: Path, key: str = "acc", band: str = "std", setting: str | None = None,
                 acc_range: tuple[float, float] | None = None) -> None:
     """Write :func:`curves_figure` to ``path``."""
-    import matplotlib.pyplot as plt
+    plt = pyplot("the report's figures")
 
     fig = curves_figure(rows, key, band, setting, acc_range)
     fig.savefig(path, dpi=110)
@@ -435,10 +437,7 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
     stating the setting (``setting``, else the one every row's config shares) and the number of seeds.
     ``acc_range`` (%, low and high) zooms the accuracy axis, stated in the axis label; the loss axis is left
     whole."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the report's figures")
 
     from fedblend.figures import common_setting, integer_rounds
 
@@ -539,8 +538,6 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
         cmp.update(a_label=cmp["a"], b_label=cmp["b"], a=compare[0], b=compare[1])  # the names as given
         note = few_seeds_note(len(cmp["seeds"]), cmp["level"])
         if note:
-            import warnings
-
             warnings.warn(f"--compare {compare[0]} {compare[1]}: {note}", RuntimeWarning, stacklevel=2)
     text = table + (compare_text(cmp) if cmp else "")
     if out_dir is not None:
@@ -564,6 +561,11 @@ def _write_report(out: Path, table: str, rows: list[dict], pending: list[dict], 
         (out / "compare.json").write_text(dumps(cmp, indent=2))
         (out / "compare.md").write_text(compare_text(cmp))
     if plots and rows:
+        try:
+            pyplot("the report's figures")
+        except MissingPackageError as exc:  # the tables are written; the figures are what is missing
+            warnings.warn(f"no figures: {exc} (or --no-plots)", RuntimeWarning, stacklevel=3)
+            return
         plot_curves(rows, out / "accuracy.png", "acc", band, acc_range=acc_range)
         if any(r["global_best"] != "-" for r in rows):
             plot_curves(rows, out / "global_accuracy.png", "global_acc", band, acc_range=acc_range)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedblend.common.errors import ConfigError
+from fedblend.common.optional import pyplot
 from fedblend.common.rng import SeedTree
 from fedblend.data.partition import (
     KINDS,
@@ -312,10 +313,7 @@ def load_partition(path: str | Path) -> tuple[dict, PartitionSpec]:
 def plot_counts(fed: FederatedData, path: str | Path) -> None:
     """Per-client class counts as a bubble chart PNG (needs matplotlib): integer client / class ticks, a legend
     of bubble sizes, and a width that stops growing at about 45 clients (16 inches; ticks thin out)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("partition.png")
     from matplotlib.ticker import MaxNLocator
 
     counts = fed.counts["train"]

@@ -18,7 +18,6 @@ import bz2
 import csv
 import gzip
 import hashlib
-import importlib
 import os
 import pickle
 import re
@@ -32,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from fedblend.common import plugins
-from fedblend.common.errors import ConfigError, DataError, FedblendError
+from fedblend.common.errors import DataError, FedblendError
+from fedblend.common.optional import require
 from fedblend.data.raw import RawDataset
 from fedblend.data.synthetic import make_synthetic
 
@@ -356,20 +356,9 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def require_packages(name: str) -> dict[str, Any]:
     """The optional packages dataset ``name`` reads with (:data:`NEEDS`), imported; one that is missing raises a
-    one-line :class:`~fedblend.common.errors.ConfigError` naming the dataset and the extra that installs it, so a
-    run stops before it writes anything instead of in a traceback from inside the reader."""
-    mods = {}
-    for module, extra in NEEDS.get(name, ()):
-        try:
-            mods[module] = importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f"dataset {name!r} needs the {module} package, which is not installed "
-                              f"({_first_line(exc)}): pip install 'fedblend[{extra}]'") from exc
-    return mods
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
+    one-line :class:`~fedblend.common.optional.MissingPackageError` naming the dataset and the extra that
+    installs it, so a run stops before it writes anything instead of in a traceback from inside the reader."""
+    return {module: require(module, extra, f"dataset {name!r}") for module, extra in NEEDS.get(name, ())}
 
 
 # What each dataset's samples are, known without reading it (used to check a model fits before any loading):
