@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import dotted_keys, read_json_object, read_jsonl
+from fedblend.common.optional import require
 
 TB_DIR = "tensorboard"
 
@@ -49,12 +50,8 @@ def scalar_row(m: dict) -> dict[str, float]:
 
 
 def _summary_writer():
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:  # torch's module needs the tensorboard package
-        raise ConfigError("[log] tensorboard = true needs the tensorboard package: pip install "
-                          "'fedblend[tensorboard]'") from exc
-    return SummaryWriter
+    require("tensorboard", "tensorboard", "[log] tensorboard = true")  # torch's writer needs this package
+    return require("torch.utils.tensorboard", "tensorboard", "[log] tensorboard = true").SummaryWriter
 
 
 class Tracker(Protocol):
@@ -88,12 +85,8 @@ class TensorBoardLog:
 
 
 def _mlflow():
-    try:
-        import mlflow  # noqa: F401
-        from mlflow.tracking import MlflowClient
-    except ImportError as exc:
-        raise ConfigError("[log] mlflow = true needs MLflow: pip install 'fedblend[mlflow]'") from exc
-    return MlflowClient
+    require("mlflow", "mlflow", "[log] mlflow = true")
+    return require("mlflow.tracking", "mlflow", "[log] mlflow = true").MlflowClient
 
 
 class MLflowLog:
@@ -160,11 +153,7 @@ def read_mlflow(uri: str, run_id: str) -> dict[str, dict[int, float]]:
 
 
 def _wandb():
-    try:
-        import wandb
-    except ImportError as exc:
-        raise ConfigError("[log] wandb = true needs Weights & Biases: pip install 'fedblend[wandb]'") from exc
-    return wandb
+    return require("wandb", "wandb", "[log] wandb = true")
 
 
 class WandbLog:
