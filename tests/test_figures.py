@@ -132,6 +132,20 @@ def test_report_global_curves_count_only_the_rows_that_have_a_global_model(tmp_p
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["FedALA"]
 
 
+def test_report_curves_of_one_seed_per_row_say_so_once_and_name_no_band(tmp_path):
+    import shutil
+
+    from fedblend.cli.report import aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    for extra in (tmp_path / "runs").glob("*/seed[12]"):
+        shutil.rmtree(extra)
+    rows = aggregate(find_runs([tmp_path / "runs"]))
+    assert {r["n"] for r in rows} == {1}
+    title = " ".join(curves_figure(rows, "acc")._suptitle.get_text().split())
+    assert title == "FMNIST, Dir(0.1), 20 clients, LeNet-5: one seed per curve, no band", title
+
+
 def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_path):
     from fedblend.cli.report import aggregate, curves_figure, find_runs
 

@@ -481,8 +481,8 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
         f"{min(seeds)}-{max(seeds)} seeds (n per method in the legend)"
     setting = setting or common_setting([r["_config"] for r in rows])
     warn = f" (only {min(seeds)} seeds: the interval is very wide)" if band == "ci" and min(seeds) == 2 else ""
-    title = (f"{setting}: " if setting else "") + f"mean over {n_text}; " + (
-        BANDS[band] + warn if max(seeds) > 1 else "one seed, no band")
+    title = (f"{setting}: " if setting else "") + (
+        f"mean over {n_text}; {BANDS[band]}{warn}" if max(seeds) > 1 else "one seed per curve, no band")
     # wrapped to the figure's width, never cut at its edges
     fig.suptitle(textwrap.fill(title, width=int(TITLE_CHARS_PER_INCH * fig.get_figwidth())), fontsize=10)
     fig.tight_layout(rect=(0, below, 1, 1))
