@@ -77,6 +77,39 @@ def test_body_is_data_size_average_over_previous_and_own(tiny_fed, opts):
                 assert torch.allclose(msg.params()[n].double(), hand_average(models, [1, 1, 1], n), atol=1e-6)
 
 
+@pytest.mark.parametrize("storage", ["uploads", "aggregated", "trained"])
+def test_previous_participants_models_are_what_the_storage_option_names(tiny_fed, storage):
+    """``K'`` holds the round's uploads, the personalized models the server sent (Alg. 1 line 6 as an
+    assignment), or the participants' models after their training -- each exactly; only "trained" replies carry
+    a model."""
+    sim = tiny_sim(tiny_fed, "pfedrlla", {**ACTIVE, "storage": storage}, rounds=3, seed=0, join_ratio=0.5)
+    sim.run_round()  # round 1: K' = K; the agent acts from round 2
+    seen = {"upload": {}, "sent": {}, "reply": {}}
+    configure, aggregate = sim.method.configure, sim.method.aggregate
+
+    def spy_configure(phase, server, cid, sctx):
+        msg = configure(phase, server, cid, sctx)
+        if phase == "train":
+            seen["sent"][cid] = {n: t.clone() for n, t in msg.params().items()}
+        return msg
+
+    def spy_aggregate(phase, server, replies, sctx):
+        seen["upload" if phase == "upload" else "reply"].update(replies)
+        return aggregate(phase, server, replies, sctx)
+
+    sim.method.configure, sim.method.aggregate = spy_configure, spy_aggregate
+    sim.run_round()
+    store = sim.server["store"]
+    assert store["cids"] == sorted(seen["sent"]) and len(store["cids"]) == 2
+    assert all(bool(r.arrays) == (storage == "trained") for r in seen["reply"].values())
+    for c, kept in zip(store["cids"], store["params"]):
+        candidates = {"uploads": seen["upload"][c].params(), "aggregated": seen["sent"][c],
+                      "trained": sim.store.get(c)["params"]}  # the last: the client's model after its training
+        same = {k: set(m) == set(kept) and all(torch.equal(kept[n], m[n]) for n in kept)
+                for k, m in candidates.items()}
+        assert same == {k: k == storage for k in candidates}, (storage, c, same)  # the three differ on this run
+
+
 def test_head_weights_sum_to_one_and_index_the_right_clients(tiny_fed):
     sim = tiny_sim(tiny_fed, "pfedrlla", ACTIVE, rounds=3, seed=1, join_ratio=0.5)
     sim.run_round()

@@ -17,9 +17,11 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
   ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
 
 What ``K'`` stores (``storage``): ``"uploads"`` (default, Alg. 1 lines 3 and 9): the models the previous
-participants uploaded at the start of the previous round (the training reply carries no model). ``"trained"``:
-the models they sent after their local training in the previous round -- what the authors' PFLlib-based loop
-receives, i.e. their current models (the training reply carries the model).
+participants uploaded at the start of the previous round (the training reply carries no model). ``"aggregated"``:
+the personalized models the server sent them in the previous round -- Alg. 1 line 6 (``w_k <- Aggregation(k,
+K')``) read as an assignment to the server's ``w_k``, which Alg. 2 then reads as ``Psi_k'`` (no model in the
+reply either). ``"trained"``: the models they sent after their local training in the previous round -- what the
+authors' PFLlib-based loop receives, i.e. their current models (the training reply carries the model).
 
 There is no global model; a client evaluates its own current model (after its last local training). All
 learner state (embedding network, agent, Adam moments, replay buffer) is in the server state; randomness
@@ -136,19 +138,23 @@ class PFedRLLA(Method):
         out["round"] = rnd
         return out
 
-    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Alg. 2: client ``cid``'s personalized model from K' (stored) and its own upload."""
-        t0 = time.perf_counter()
-        rnd = server["round"]
-        i = rnd["cids"].index(cid)
+    def personalized(self, rnd: State, i: int, sctx: ServerCtx) -> Params:
+        """Alg. 2: the ``i``-th participant's personalized model from K' (stored) and its own upload."""
         models = list(rnd["prev_params"]) + [rnd["params"][i]]
         body_w, head_w = self.decision_weights(rnd, i)
         head = {n for g in self.head_groups(sctx.model) for n in g}
         names = list(sctx.run.init_params)
         params = {**mix(models, body_w, [n for n in names if n not in head]), **mix(models, head_w, sorted(head))}
+        return {n: params[n] for n in names}
+
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Alg. 1 line 6: send client ``cid`` its personalized model (Alg. 2)."""
+        t0 = time.perf_counter()
+        rnd = server["round"]
+        params = self.personalized(rnd, rnd["cids"].index(cid), sctx)
         sctx.stats["server_aggregation_seconds"] = sctx.stats.get("server_aggregation_seconds", 0.0) + (
             time.perf_counter() - t0)
-        return Message({"params": {n: params[n] for n in names}})
+        return Message({"params": params})
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Rewards (Eq. 1), replay buffer, agent updates; K' <- K (Alg. 1 lines 8-9)."""
@@ -160,10 +166,19 @@ class PFedRLLA(Method):
         else:
             sctx.stats["head_weights"] = [[c, [1.0 / (len(rnd["prev_cids"]) + 1)] * (len(rnd["prev_cids"]) + 1)]
                                           for c in cids]
-        kept = [replies[c].params() for c in cids] if self.opts.storage == "trained" else rnd["params"]
+        kept = self.kept_models(rnd, replies, sctx)
         out["store"] = {"cids": list(cids), "params": kept, "sizes": list(rnd["sizes"])}
         sctx.stats["acc_agg"] = sum(float(replies[c].metrics["acc_agg"]) for c in cids) / len(cids)
         return out
+
+    def kept_models(self, rnd: State, replies: Mapping[int, Message], sctx: ServerCtx) -> list[Params]:
+        """The models ``K'`` holds next round (``storage``): the round's uploads, the personalized models sent
+        (recomputed: Alg. 2 is deterministic given the round's actions), or the trained models in the replies."""
+        if self.opts.storage == "trained":
+            return [replies[c].params() for c in rnd["cids"]]
+        if self.opts.storage == "aggregated":
+            return [self.personalized(rnd, i, sctx) for i in range(len(rnd["cids"]))]
+        return rnd["params"]
 
     # ------------------------------------------------------------------------------------------ client
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
@@ -185,11 +200,11 @@ class PFedRLLA(Method):
         return res, {**cstate, "trained": True}
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
-        """The trained model (none with ``storage = "uploads"``) and the received model's score ``acc_agg``
+        """The trained model (only with ``storage = "trained"``) and the received model's score ``acc_agg``
         (Eq. 1b-1c; the received model is not changed by training, so scoring it here equals scoring it first)."""
         reply = super().reply(res, msg, cstate, ctx)
         reply.metrics["acc_agg"] = validation_accuracy(ctx.model, msg.params(), ctx.data)
-        if self.opts.storage == "uploads":
+        if self.opts.storage != "trained":
             reply.arrays = {}
         return reply
 

@@ -18,7 +18,7 @@ class PFedRLLAOptions:
     CHOICES: ClassVar[dict] = {"embedding": embedding.KINDS, "head": ("fc", "model"),
                                "body": ("size", "mean", "local"), "head_weights": ("agent", "mean"),
                                "agent_scope": ("head", "all"), "r3_norm": ("squared", "plain"),
-                               "storage": ("trained", "uploads")}
+                               "storage": ("trained", "uploads", "aggregated")}
     RANGES: ClassVar[dict] = {"emb_dim": "[1, 1024]", "factor": "[1, 128]", "ae_lr": "> 0", "ae_steps": "[0, 100000]",
                               "ae_every_round_until": "[0, 1000000]", "ae_every": "[1, 1000000]", "acc_tar": "(0, 1]",
                               "hidden": "[1, 4096]", "gamma": "[0, 1]", "polyak": "[0, 1]", "actor_lr": "> 0",
@@ -32,7 +32,8 @@ class PFedRLLAOptions:
     agent_scope: str = opt("head", '"head": the agent\'s weights aggregate the head (paper); "all": the whole network '
                                    '("DRL" column)')
     head: str = opt("fc", '"fc": trailing linear layers (code: both fc layers of the CNN); "model": model.head_layers')
-    storage: str = opt("uploads", 'what K\' holds: Alg. 1\'s uploads (paper) or "trained" models (code; docstring)')
+    storage: str = opt("uploads", 'what K\' holds: Alg. 1\'s uploads (paper), the "aggregated" models the server '
+                                  'sent (Alg. 1 line 6 read as an assignment) or "trained" models (code; docstring)')
     initial_training: bool = opt(True, "Sec. 3: a client trains the initial model locally before its first upload")
     # embedding network (Sec. 3.1, notes)
     embedding: str = opt("mhae", '"mhae": the multi-head (LSTM) auto-encoder over the head\'s layers (Sec. 3.1); '
