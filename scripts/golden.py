@@ -13,6 +13,9 @@ against that folder with ``--exact``:
     python scripts/golden.py check configs/benchmarks/*.toml --jobs 2 --golden /tmp/before --exact
     python scripts/golden.py check configs/benchmarks/*.toml --jobs 2 [--set backend=processes ...]
 
+``--set`` / ``--args`` apply in both modes: record a variant with ``--set options.storage=trained`` and check it
+with the same ``--set``; check the default goldens with ``--set backend=processes`` to prove a backend equal.
+
 Extra cases (``EXTRA``) run a config with overrides, e.g. FedALP with a warm-up short enough that its
 clustered phase is inside the 3 rounds.
 """
@@ -125,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--golden", default=str(GOLDEN))
-    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for check (e.g. backend)")
-    ap.add_argument("--args", default="", help="extra CLI arguments for check, e.g. '--backend processes'")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="extra --set for every case, in record and check alike (e.g. backend, or an option)")
+    ap.add_argument("--args", default="", help="extra CLI arguments for every case, e.g. '--backend processes'")
     ap.add_argument("--exact", action="store_true", help="check bit for bit (goldens recorded on this machine)")
     args = ap.parse_args(argv)
     golden = Path(args.golden)
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         name, (cfg, over) = item
         try:
             if args.mode == "record":
-                rows = run_case(cfg, over, [])
+                rows = run_case(cfg, over + args.sets, extra)
                 (golden / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
                 return name, []
             want = [json.loads(x) for x in (golden / f"{name}.jsonl").read_text().splitlines()]

@@ -30,3 +30,21 @@ def test_a_difference_in_what_ran_is_not_float_only(golden, change):
 def test_equal_histories_have_no_float_only_difference(golden):
     assert not golden.only_floats_differ([ROW], [dict(ROW)])
     assert not golden.only_floats_differ([ROW], [ROW, {**ROW, "round": 2}])  # another round count
+
+
+def test_record_and_check_both_apply_the_extra_set_and_args(golden, tmp_path, monkeypatch):
+    """A variant recorded with ``--set`` is recorded as that variant (record once ignored ``--set``)."""
+    calls = []
+
+    def fake_run_case(config, overrides, extra_args):
+        calls.append((list(overrides), list(extra_args)))
+        return [dict(ROW)]
+
+    monkeypatch.setattr(golden, "run_case", fake_run_case)
+    cfg = tmp_path / "case.toml"
+    cfg.write_text('method = "fedavg"\n')
+    for mode in ("record", "check"):
+        assert golden.main([mode, str(cfg), "--golden", str(tmp_path / "g"), "--set", "options.x=1",
+                            "--args", "--threads 1"]) == 0
+    assert calls == [(["options.x=1"], ["--threads", "1"])] * 2
+    assert (tmp_path / "g" / "case.jsonl").read_text().strip()
