@@ -30,7 +30,7 @@ from fedblend.config import load_config  # noqa: E402
 from fedblend.core.checkpoint import load_checkpoint  # noqa: E402
 from fedblend.experiment import run_experiment  # noqa: E402
 from fedblend.flower import apps  # noqa: E402
-from fedblend.flower.backend import FlowerBackend  # noqa: E402
+from fedblend.flower.backend import FlowerBackend, FlowerRunError  # noqa: E402
 from fedblend.flower.node import Node  # noqa: E402
 from fedblend.flower.wire import from_record, shape_errors, to_record  # noqa: E402
 from tests.helpers import NODE_TIMEOUT, history  # noqa: E402
@@ -69,6 +69,50 @@ class LocalGrid:
             out.append(apps.answer(m, ctx))
         return out
 
+
+
+class PushPullGrid(LocalGrid):
+    """LocalGrid behind Flower's push / pull API (the ServerApp's path, ``poll`` set): each pushed message gets
+    an id and its reply names it. ``fault(message) -> Message | None`` replaces a node's answer with an error
+    reply built as Flower builds its own (the SuperLink's for an offline node, the SuperNode's for a ClientApp
+    process that stopped responding)."""
+
+    def __init__(self, run_config: dict, node_configs: dict[int, dict], fault=None):
+        super().__init__(run_config, node_configs)
+        self.fault, self.replies = fault, {}
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id  # as flwr's HTTP grid does
+            self.sent.append(m)
+            nid = m.metadata.dst_node_id
+            reply = self.fault(m) if self.fault else None
+            if reply is None and nid in self.nodes and nid not in self.down:
+                reply = apps.answer(m, Context(1, nid, self.nodes[nid], RecordDict(), self.run_config))
+            if reply is not None:
+                self.replies[m.metadata.message_id] = reply
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def superlink_error(m):
+    """The SuperLink's reply to a message for a node that stopped sending heartbeats (its source: the
+    SuperLink, not the node)."""
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    return create_message_error_unavailable_res_message(m.metadata, "node_unavail")
+
+
+def clientapp_crashed(m):
+    """A SuperNode's reply when the ClientApp process's task token expired (Flower error 8)."""
+    from flwr.app import Message
+    from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
+
+    return Message(CLIENT_APP_CRASHED_ERROR, reply_to=m)
 
 def run_config(cfg, **kw) -> dict:
     return {"fedblend-config": json.dumps(cfg.resolved()), "threads": 1, **kw}
@@ -137,6 +181,69 @@ def test_node_down_then_rejoins(tmp_path):
     # client 1 trained in rounds 1, 3, 4 (not 2): its state is at version 3 on its node, continued from round 1's
     assert ck["clients"][1]["flower_state_version"] == 3 and ck["clients"][0]["flower_state_version"] == 4
 
+
+
+def _nodes(tmp: Path, n: int = 2) -> dict[int, dict]:
+    return {100 + k: {"partition-id": k, "num-partitions": n, "state-dir": str(tmp / f"node-{k}")} for k in range(n)}
+
+
+def _round_2_train_to_101(m) -> bool:
+    return m.metadata.dst_node_id == 101 and m.metadata.group_id == "1" and m.metadata.message_type == "train"
+
+
+def test_superlink_error_reply_is_matched_to_its_node_with_its_reason(tmp_path):
+    """An error reply made by the SuperLink (source: the SuperLink, not the node) counts as the node's: the fault
+    names the node, its clients and Flower's reason, and the message is not sent again (an offline node)."""
+    cfg = tiny_cfg("fedavg", "rounds=2")
+    grid = PushPullGrid(run_config(cfg), _nodes(tmp_path),
+                        fault=lambda m: superlink_error(m) if _round_2_train_to_101(m) else None)
+    hist, _ = flower_run(cfg, tmp_path, grid=grid, poll=0.001)
+    assert "dropped_clients" not in hist[0] and hist[1]["dropped_clients"] == [1, 3]
+    fault = next(f for f in hist[1]["flower_faults"] if f.get("clients") == [1, 3])
+    assert fault["node"] == 101 and "Node Unavailable" in fault["reason"]
+    assert sum(map(_round_2_train_to_101, grid.sent)) == 1
+    assert all("resent" not in e for m in hist for e in m["flower_exchanges"])
+
+
+@pytest.mark.parametrize("poll", [None, 0.001])
+def test_clientapp_that_stopped_responding_is_sent_again_and_changes_nothing(tmp_path, poll):
+    """A ClientApp process that stopped responding (Flower error 8) in round 2's training: the message is sent
+    again, the round has every client, and the run's scores equal a faultless run's bit for bit; with
+    ``retries=0`` the node's clients are dropped from that round with Flower's reason."""
+    cfg = tiny_cfg("fedavg-ft", "rounds=3")
+    clean, _ = flower_run(cfg, tmp_path / "clean", grid=PushPullGrid(run_config(cfg), _nodes(tmp_path / "clean")),
+                          poll=0.001)
+    hit: list[str] = []
+
+    def once(m):  # the first train message of round 2 to node 101
+        if _round_2_train_to_101(m) and not hit:
+            hit.append(m.metadata.message_id)
+            return clientapp_crashed(m)
+        return None
+
+    grid = PushPullGrid(run_config(cfg), _nodes(tmp_path / "a"), fault=once)
+    if poll is None:  # Flower's own send_and_receive over the same push / pull
+        grid.send_and_receive = lambda msgs, timeout=None: [r for m in msgs for r in grid.pull_messages(
+            grid.push_messages([m]))]
+    hist, grid = flower_run(cfg, tmp_path / "a", grid=grid, poll=poll)
+    assert hit and all("dropped_clients" not in m and "flower_faults" not in m for m in hist)
+    for a, b in zip(clean, hist):
+        assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}
+    assert hist[1]["flower_exchanges"][0]["resent"] == {"101": "ClientApp stopped responding."}
+    assert sum(map(_round_2_train_to_101, grid.sent)) == 2
+
+    hit.clear()
+    grid = PushPullGrid(run_config(cfg), _nodes(tmp_path / "b"), fault=once)
+    hist, _ = flower_run(cfg, tmp_path / "b", grid=grid, poll=0.001, retries=0)
+    assert hist[1]["dropped_clients"] == [1, 3]
+    assert any(f.get("node") == 101 and "ClientApp stopped responding" in f["reason"]
+               for f in hist[1]["flower_faults"])
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_retries_must_be_a_whole_number_at_least_zero(bad):
+    with pytest.raises(FlowerRunError, match="retries must be a whole number"):
+        FlowerBackend(None, "key", retries=bad)
 
 def test_server_killed_resumes_from_checkpoint(tmp_path):
     """A server stopped after round 2 of 4 (checkpoint every 2 rounds, so the nodes already hold newer states
@@ -347,11 +454,13 @@ def test_supernode_killed_in_round_2_rejoins(tmp_path, real_data_dir, flwr_bin):
             if run.poll() is None:
                 run.kill()
     hist = history(out)
-    assert [m["round"] for m in hist] == [1, 2, 3, 4]
-    assert hist[1]["dropped_clients"] == [1]  # node 1 serves client 1 (c % 2 == 1)
-    assert any(1 in f.get("clients", []) for f in hist[1]["flower_faults"])
-    assert "dropped_clients" not in hist[0]
-    assert any("dropped_clients" not in m for m in hist[2:])  # back (as soon as it reconnected)
+    why = "\n".join(json.dumps({k: m.get(k) for k in ("round", "dropped_clients", "flower_faults", "flower_exchanges")})
+                    for m in hist) + "\n" + _logs(work, 40)
+    assert [m["round"] for m in hist] == [1, 2, 3, 4], why
+    assert hist[1]["dropped_clients"] == [1], why  # node 1 serves client 1 (c % 2 == 1)
+    assert any(1 in f.get("clients", []) for f in hist[1]["flower_faults"]), why
+    assert "dropped_clients" not in hist[0], why
+    assert any("dropped_clients" not in m for m in hist[2:]), why  # back (as soon as it reconnected)
     ck = load_checkpoint(out / "checkpoint.pt")
     assert ck["clients"][1]["flower_state_version"] >= 2  # trained again after the restart, from its old state
     assert json.loads((out / "summary.json").read_text())["rounds"] == 4

@@ -15,9 +15,15 @@ The engine (:class:`~fedblend.core.engine.Simulation`) runs its one round loop u
    decoded. Each node's reply says how long its ClientApp process had lived when fedblend's code started
    (interpreter start, imports of flwr, torch and fedblend, Flower's setup), how long the node took to load its
    clients and how long the clients' work took; ``flower_exchanges`` in metrics.jsonl keeps these per exchange
-   beside its wall time (timings only, never results). A client whose node is gone, did not answer in time, reported
-   an error, or sent tensors of the wrong shapes gets no result (``None``): the engine leaves it out of the
-   round (``dropped_clients`` in metrics.jsonl) and :meth:`report` says why (``flower_faults``). Fewer answers
+   beside its wall time (timings only, never results). A reply is matched to the message it answers, so an error
+   reply made by the SuperLink or the Grid (whose source is not the node: the node stopped sending heartbeats,
+   the reply's objects were lost) is the node's, with its reason. A message whose reply is one of Flower's
+   transient errors (:data:`TRANSIENT`: the ClientApp process stopped responding, a message or its reply was
+   lost) is sent again, up to ``retries`` times while the exchange's ``timeout`` lasts (``resent`` in
+   ``flower_exchanges``); a node's job is a pure function of the job and the state version it names, so a
+   resent job gives the same result. A client whose node is gone, did not answer in time, reported an error,
+   or sent tensors of the wrong shapes gets no result (``None``): the engine leaves it out of the round
+   (``dropped_clients`` in metrics.jsonl) and :meth:`report` says why (``flower_faults``). Fewer answers
    than ``min_clients`` in an exchange of several clients stops the run with an error (resume it from its
    checkpoint); one-client exchanges (methods with ``sequential_server``) are not checked.
 3. New nodes are greeted at every exchange, so a node that was restarted (with its state directory) rejoins.
@@ -50,12 +56,24 @@ class FlowerRunError(FedblendError):
     """The deployment cannot continue (too few nodes or answers)."""
 
 
+#: Flower's error codes (``flwr.common.constant.ErrorCode``) of a failure of the transport, not of the node's
+#: work: a message or its reply unavailable (3, 4; e.g. objects not uploaded before the push session expired)
+#: and a ClientApp process that stopped responding (8: its task token expired, e.g. a process slow to start on a
+#: busy machine). A reply with one of these is worth sending the message again; the node's own errors (code 0,
+#: fedblend's refusals), a raised exception (1, 2) or an offline node (5) are not.
+TRANSIENT = frozenset({3, 4, 8})
+
+
 class FlowerBackend(Backend):
     name = "flower"
 
     def __init__(self, grid: Any, run_key: str, nodes: int = 1, timeout: float = 600.0, min_clients: int = 1,
-                 keep: int = 2, wait_nodes: float = 300.0, log=None, poll: float | None = None, stop=None):
-        self.grid, self.run_key, self.nodes, self.poll = grid, run_key, nodes, poll
+                 keep: int = 2, wait_nodes: float = 300.0, log=None, poll: float | None = None, stop=None,
+                 retries: int = 1):
+        self.grid, self.run_key, self.nodes, self.poll, self.retries = grid, run_key, nodes, poll, retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise FlowerRunError(f"retries must be a whole number >= 0 (0: never send a message again), got "
+                                 f"{retries!r}")
         self.stop = stop  # a threading.Event: set, the waits end with KeyboardInterrupt (the simulation's Ctrl-C)
         self.exchanges: list[dict] = []  # timings of the exchanges since the last report
         self.timeout, self.min_clients, self.keep, self.wait_nodes = timeout, min_clients, keep, wait_nodes
@@ -149,9 +167,12 @@ class FlowerBackend(Backend):
             msgs.append(FlowerMessage(content=content("jobs", batch, run_key=self.run_key, keep=self.keep),
                                       dst_node_id=nid, message_type=kind, group_id=str(jobs[idx[0]].rnd)))
         t0 = time.monotonic()
-        replies = self._exchange(msgs, self.timeout)
+        resent: dict[str, str] = {}
+        replies = self._exchange(msgs, self.timeout, resent)
         timing: dict[str, Any] = {"phase": "evaluate" if all(j.phase == EVALUATE for j in jobs) else "train",
                                   "seconds": round(time.monotonic() - t0, 4), "nodes": {}}
+        if resent:
+            timing["resent"] = resent
         self.exchanges.append(timing)
         for nid, idx in per.items():
             cids = [jobs[i].cid for i in idx]
@@ -176,22 +197,49 @@ class FlowerBackend(Backend):
                                  f"once the nodes are back)")
         return out
 
-    def _exchange(self, msgs: list[FlowerMessage], timeout: float) -> dict[int, FlowerMessage]:
-        """Send ``msgs`` and collect the replies that arrive within ``timeout`` seconds, by source node id."""
-        if self.poll is None:
-            return {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=timeout)}
-        pending = set(self.grid.push_messages(msgs))
+    def _exchange(self, msgs: list[FlowerMessage], timeout: float,
+                  resent: dict[str, str] | None = None) -> dict[int, FlowerMessage]:
+        """Send ``msgs`` and collect the replies that arrive within ``timeout`` seconds, by the node each message
+        went to. A message answered by a :data:`TRANSIENT` error is sent again (a new message, same content), up
+        to ``retries`` times before the deadline; ``resent`` collects why, per node."""
         end = time.monotonic() + timeout
         got: dict[int, FlowerMessage] = {}
-        while pending:
-            for m in self.grid.pull_messages(pending):
-                got[m.metadata.src_node_id] = m
-                pending.discard(m.metadata.reply_to_message_id)
-            if not pending or time.monotonic() >= end:
+        todo = list(msgs)
+        for attempt in range(self.retries + 1):
+            if attempt:
+                todo = [_again(m) for m in todo]
+            got.update(self._send(todo, end))
+            todo = [m for m in todo if _transient(got.get(m.metadata.dst_node_id))]
+            if not todo or attempt == self.retries or time.monotonic() >= end:
                 break
-            self._check_stop()
-            time.sleep(self.poll)
+            for m in todo:
+                nid = m.metadata.dst_node_id
+                reason = got[nid].error.reason
+                self.log(f"node={nid}: {reason} (Flower error {got[nid].error.code}): message sent again")
+                if resent is not None:
+                    resent[str(nid)] = reason
         return got
+
+    def _send(self, msgs: list[FlowerMessage], end: float) -> dict[int, FlowerMessage]:
+        """One push of ``msgs`` and the replies pulled until all arrived or ``end`` (monotonic time), by the
+        destination of the message each answers (a reply whose source is not a node, an error made by the
+        SuperLink or the Grid, still names the message it answers)."""
+        if self.poll is None:
+            replies = list(self.grid.send_and_receive(msgs, timeout=max(0.0, end - time.monotonic())))
+            dst = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs if m.metadata.message_id}
+        else:
+            ids = list(self.grid.push_messages(msgs))
+            dst = {mid: m.metadata.dst_node_id for mid, m in zip(ids, msgs) if mid}  # None: not pushed
+            pending, replies = set(dst), []
+            while pending:
+                for m in self.grid.pull_messages(pending):
+                    replies.append(m)
+                    pending.discard(m.metadata.reply_to_message_id)
+                if not pending or time.monotonic() >= end:
+                    break
+                self._check_stop()
+                time.sleep(self.poll)
+        return {dst.get(r.metadata.reply_to_message_id, r.metadata.src_node_id): r for r in replies}
 
     def _check_stop(self) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -223,3 +271,14 @@ class FlowerBackend(Backend):
         if exchanges:
             out["flower_exchanges"] = exchanges
         return out
+
+
+def _transient(reply: FlowerMessage | None) -> bool:
+    return reply is not None and reply.has_error() and reply.error.code in TRANSIENT
+
+
+def _again(m: FlowerMessage) -> FlowerMessage:
+    """A new message with ``m``'s content and destination (a message id is its content's and creation time's
+    hash: the SuperLink would not take ``m`` twice)."""
+    return FlowerMessage(content=m.content, dst_node_id=m.metadata.dst_node_id,
+                         message_type=m.metadata.message_type, group_id=m.metadata.group_id)

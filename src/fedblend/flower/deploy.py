@@ -51,7 +51,7 @@ def _toml_str(s: str) -> str:
 
 def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: str | Path | None = None,
               nodes: int = 1, timeout: float = 600.0, min_clients: int = 1, threads: int = 1,
-              resume: bool = False, force: bool = False, poll: float = 0.2) -> Path:
+              resume: bool = False, force: bool = False, poll: float = 0.2, retries: int = 1) -> Path:
     """Write the Flower app of ``cfg`` to ``app_dir`` (its run config: see :mod:`fedblend.flower.apps`)."""
     app = Path(app_dir)
     app.mkdir(parents=True, exist_ok=True)
@@ -61,6 +61,7 @@ def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: st
         "data-dir": str(Path(data_dir).resolve()) if data_dir else "",
         "num-nodes": int(nodes), "timeout": float(timeout), "min-clients": int(min_clients),
         "threads": int(threads), "resume": bool(resume), "force": bool(force), "poll": float(poll),
+        "retries": int(retries),
     }
     lines = [f"{k} = {_toml_str(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
              for k, v in values.items()]
