@@ -2,14 +2,12 @@
 proxy (gRPC honours ``http_proxy`` / ``https_proxy`` / ``grpc_proxy``), and a failed run says which process
 failed and quotes its log.
 
-The real deploy (a SuperLink and two SuperNodes on loopback, about 100 s) runs with ``http_proxy``,
-``https_proxy``, ``grpc_proxy`` and ``all_proxy`` pointing at a port where nothing listens and must equal
-``fedblend run``.
+The real deploy with every proxy variable pointing at a port where nothing listens is
+``tests/test_flower.py::test_deploy_on_loopback_equals_fedblend_run`` (one deployment, about 100 s, serves both).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -17,8 +15,6 @@ import pytest
 
 pytest.importorskip("flwr", reason="the Flower extra is not installed (pip install 'fedblend[flower]')")
 
-from fedblend.config import load_config  # noqa: E402
-from fedblend.experiment import run_experiment  # noqa: E402
 from fedblend.flower import deploy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the deploy's processes run one thread each
@@ -56,21 +52,3 @@ def test_a_failed_run_names_the_process_and_quotes_its_log(tmp_path, monkeypatch
     msg = deploy._failure(0, [], tmp_path, {"status": "diverged", "stop_reason": "round 2: NaN", "rounds": 1})
     assert "status 'diverged': round 2: NaN" in msg and "Run failed" in msg
 
-
-def test_deploy_with_a_dead_proxy_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin, monkeypatch):
-    """The equality path of ``fedblend deploy`` with every proxy variable pointing at a dead port."""
-    from tests.helpers import history
-    from tests.test_flower import FMNIST_TINY, SCORES, _children
-    cfg = load_config(None, FMNIST_TINY)
-    run_experiment(cfg, tmp_path / "sim", real_data_dir)
-    for v in PROXY_VARS:
-        monkeypatch.setenv(v, DEAD_PROXY)
-    for v in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
-        monkeypatch.delenv(v, raising=False)
-    summary = deploy.deploy_local(cfg, tmp_path / "flw", nodes=2, data_dir=real_data_dir, timeout=120,
-                                  run_timeout=400)
-    assert summary["status"] == "finished" and summary["rounds"] == 2
-    for a, b in zip(history(tmp_path / "sim"), history(tmp_path / "flw"), strict=True):
-        assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}
-    assert json.loads((tmp_path / "flw" / "summary.json").read_text())["status"] == "finished"
-    assert _children() == []

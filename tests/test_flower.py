@@ -389,13 +389,20 @@ FMNIST_TINY = ["dataset='fmnist'", "model='mlp'", "rounds=2", "seed=1", "checkpo
                "partition.split='official'", "partition.test_per_client=40", "train.batch_size=20", "train.lr=0.05"]
 
 
-def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin):
+def test_deploy_on_loopback_equals_fedblend_run(tmp_path, real_data_dir, flwr_bin, monkeypatch):
     """``fedblend deploy``: a real SuperLink and 2 SuperNodes (processes) on loopback run 2 rounds of FedAvg on
-    tiny real FMNIST data; the per-round scores equal ``fedblend run``'s; no process is left behind."""
+    tiny real FMNIST data; the per-round scores equal ``fedblend run``'s; no process is left behind. Every proxy
+    variable points at a dead port meanwhile (a machine behind a proxy): the processes reach each other anyway
+    (tests/test_deploy_proxy.py checks how)."""
     from fedblend.flower.deploy import deploy_local
+    from tests.test_deploy_proxy import DEAD_PROXY, PROXY_VARS
 
     cfg = load_config(None, FMNIST_TINY)
     run_experiment(cfg, tmp_path / "sim", real_data_dir)
+    for v in PROXY_VARS:
+        monkeypatch.setenv(v, DEAD_PROXY)
+    for v in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
+        monkeypatch.delenv(v, raising=False)
     summary = deploy_local(cfg, tmp_path / "flw", nodes=2, data_dir=real_data_dir, timeout=120, run_timeout=400)
     assert summary["status"] == "finished" and summary["rounds"] == 2
     sim, flw = history(tmp_path / "sim"), history(tmp_path / "flw")
