@@ -64,6 +64,13 @@ FIGURES = (
            acc_range=(95.0, 100.0)),
     Figure("docs/img/t4-mnist-domains-accuracy.png", t4_curves("mnist-domains"),
            setting="MNIST* (MNIST / USPS / mnist-texture), 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)"),
+    # the probes of what pFedRLLA's K' stores (Alg. 1 leaves it open), between FedAvg and training alone
+    Figure("docs/img/t4-mnist-domains-storage.png",
+           (("results/probes/t4/mnist-domains/pfedrlla-storage-trained", "pFedRLLA, K' = trained models (authors)"),
+            ("results/t4/mnist-domains/pfedrlla", "pFedRLLA, K' = uploads (paper, default)"),
+            ("results/probes/t4/mnist-domains/pfedrlla-storage-aggregated", "pFedRLLA, K' = models sent"),
+            ("results/t4/mnist-domains/fedavg", "FedAvg"), ("results/t4/mnist-domains/local", "Local-only")),
+           setting="MNIST*, T4: what pFedRLLA's K' stores (options.storage; probes, seed 0)"),
 )
 
 
