@@ -110,6 +110,27 @@ def test_previous_participants_models_are_what_the_storage_option_names(tiny_fed
         assert same == {k: k == storage for k in candidates}, (storage, c, same)  # the three differ on this run
 
 
+
+@pytest.mark.parametrize("storage", ["uploads", "aggregated"])
+def test_server_aggregation_seconds_count_every_personalized_model_built(tiny_fed, storage):
+    """App. E's cost split: ``server_aggregation_seconds`` holds the time of every Alg. 2 mixture of the round,
+    the ones sent and, with ``storage = "aggregated"``, the ones recomputed for ``K'``."""
+    import time
+
+    sim = tiny_sim(tiny_fed, "pfedrlla", {**ACTIVE, "storage": storage}, rounds=2, seed=0, join_ratio=0.5)
+    sim.run_round()
+    built, real = [], sim.method.personalized
+
+    def slow(rnd, i, sctx):  # each mixture takes at least 50 ms
+        built.append(i)
+        time.sleep(0.05)
+        return real(rnd, i, sctx)
+
+    sim.method.personalized = slow
+    sim.run_round()
+    assert len(built) == (4 if storage == "aggregated" else 2)  # 2 participants; again for K' when "aggregated"
+    assert sim.history[-1]["server_aggregation_seconds"] >= 0.05 * len(built)
+
 def test_head_weights_sum_to_one_and_index_the_right_clients(tiny_fed):
     sim = tiny_sim(tiny_fed, "pfedrlla", ACTIVE, rounds=3, seed=1, join_ratio=0.5)
     sim.run_round()

@@ -147,14 +147,18 @@ class PFedRLLA(Method):
         params = {**mix(models, body_w, [n for n in names if n not in head]), **mix(models, head_w, sorted(head))}
         return {n: params[n] for n in names}
 
-    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Alg. 1 line 6: send client ``cid`` its personalized model (Alg. 2)."""
+    def timed_personalized(self, rnd: State, i: int, sctx: ServerCtx) -> Params:
+        """:meth:`personalized`, its time added to the round's ``server_aggregation_seconds`` (App. E's split)."""
         t0 = time.perf_counter()
-        rnd = server["round"]
-        params = self.personalized(rnd, rnd["cids"].index(cid), sctx)
+        params = self.personalized(rnd, i, sctx)
         sctx.stats["server_aggregation_seconds"] = sctx.stats.get("server_aggregation_seconds", 0.0) + (
             time.perf_counter() - t0)
-        return Message({"params": params})
+        return params
+
+    def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Alg. 1 line 6: send client ``cid`` its personalized model (Alg. 2)."""
+        rnd = server["round"]
+        return Message({"params": self.timed_personalized(rnd, rnd["cids"].index(cid), sctx)})
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """Rewards (Eq. 1), replay buffer, agent updates; K' <- K (Alg. 1 lines 8-9)."""
@@ -177,7 +181,7 @@ class PFedRLLA(Method):
         if self.opts.storage == "trained":
             return [replies[c].params() for c in rnd["cids"]]
         if self.opts.storage == "aggregated":
-            return [self.personalized(rnd, i, sctx) for i in range(len(rnd["cids"]))]
+            return [self.timed_personalized(rnd, i, sctx) for i in range(len(rnd["cids"]))]
         return rnd["params"]
 
     # ------------------------------------------------------------------------------------------ client
