@@ -67,8 +67,8 @@ def test_every_numeric_flag_of_every_command_has_a_range():
                          + [(c, f, v) for c, f, _ in numeric_flags() if c in ("run", "bench") for v in ("nan",)])
 def test_a_bad_value_of_any_flag_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, cmd, flag, value):
     monkeypatch.chdir(tmp_path)
-    if flag == "--seeds" and value == "0":
-        pytest.skip("seed 0 is valid")
+    if value == "0" and flag in ("--seeds", "--retries"):
+        pytest.skip(f"{flag} 0 is valid")
     rc = main([cmd, *REQUIRED[cmd], flag, *values_of(cmd, flag, value)])
     assert rc == 2
     line = error_line(capsys)
@@ -96,6 +96,7 @@ def test_workers_are_capped_at_the_clients_and_the_cores(tmp_path, capsys):
     (["--timeout", "-5"], "--timeout must be (0, 604800], got -5.0"),
     (["--timeout", "nan"], "--timeout must be a finite number (0, 604800], got nan"),
     (["--min-clients", "-3"], "--min-clients must be [1, 100000], got -3"),
+    (["--retries", "-1"], "--retries must be [0, 100], got -1"),
     (["--threads", "0"], "--threads must be [1, 1024], got 0"),
     (["--nodes", "5"], "--nodes 5 is more than the run's 4 clients"),
 ])

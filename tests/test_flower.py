@@ -366,14 +366,29 @@ def test_deploy_write_app(tmp_path, capsys):
     from fedblend.cli.main import main
 
     args = [f"--set={a}" for a in TINY]
-    assert main(["deploy", *args, "--nodes", "3", "--out", str(tmp_path / "out"), "--write-app",
+    assert main(["deploy", *args, "--nodes", "3", "--retries", "4", "--out", str(tmp_path / "out"), "--write-app",
                  str(tmp_path / "app")]) == 0
     app = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert app["components"]["serverapp"] == "fedblend.flower.apps:server_app"
     assert json.loads(app["config"]["fedblend-config"]) == json.loads(json.dumps(tiny_cfg().resolved()))
     assert app["config"]["num-nodes"] == 3 and app["config"]["out"] == str((tmp_path / "out").resolve())
+    assert app["config"]["retries"] == 4  # what the ServerApp's backend reads
     assert "flwr run" in capsys.readouterr().out
 
+
+
+def test_deploy_passes_retries_to_the_deployment(tmp_path, monkeypatch):
+    """``fedblend deploy --retries R`` reaches the deployment (and from there the app's run config, as
+    ``--write-app`` shows above); the default is 1."""
+    from fedblend.cli.main import main
+    from fedblend.flower import deploy
+
+    seen = []
+    monkeypatch.setattr(deploy, "deploy_local", lambda *a, **kw: seen.append(kw["retries"]) or {"rounds": 1})
+    args = [f"--set={a}" for a in TINY]
+    for extra in (["--retries", "0"], []):
+        assert main(["deploy", *args, *extra, "--quiet", "--out", str(tmp_path / f"o{len(seen)}")]) == 0
+    assert seen == [0, 1]
 
 def test_records_round_trip():
     obj = {"a": torch.arange(6, dtype=torch.int64).view(2, 3), "b": [1.5, float("inf"), None, "x"],

@@ -23,6 +23,7 @@ BENCH_ROUNDS = "[1, 10000]"
 NODES = "[1, 64]"  # SuperNodes of `fedblend deploy` (one process each, on this machine)
 TIMEOUT = "(0, 604800]"  # seconds (a week)
 MIN_CLIENTS = "[1, 100000]"
+RETRIES = "[0, 100]"  # sends again of a message whose reply is a transient Flower error
 ACC_RANGE = "[0, 100]"  # report --acc-range LOW HIGH, in percent
 
 

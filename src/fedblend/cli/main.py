@@ -187,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
                      "answer (default 600)")
     dep.add_argument("--min-clients", type=int_in(flags.MIN_CLIENTS), default=1, help="fewer answers in an exchange "
                      "stop the run")
+    dep.add_argument("--retries", type=int_in(flags.RETRIES), default=1, help="send a message again when its reply is "
+                     "a transient Flower error, e.g. a ClientApp that stopped responding (default 1; 0: never)")
     dep.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch threads per process (default 1)")
     dep.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     dep.add_argument("--force", action="store_true", help="replace a run already in OUT")
@@ -661,7 +663,7 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
     if args.write_app:
         with DirLock(args.write_app, "Flower app folder"):
             app = write_app(cfg, args.write_app, args.out, args.data_dir, args.nodes, args.timeout, args.min_clients,
-                            args.threads, args.resume, args.force)
+                            args.threads, args.resume, args.force, retries=args.retries)
         print(f"wrote the Flower app {app}; run it with: flwr run {app} CONNECTION --stream")
         return 0
     from fedblend.progress import Progress
@@ -670,7 +672,7 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
     try:
         summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
                                min_clients=args.min_clients, threads=args.threads, resume=args.resume,
-                               force=args.force, progress=progress)
+                               force=args.force, progress=progress, retries=args.retries)
     finally:
         if progress is not None:
             progress.close()

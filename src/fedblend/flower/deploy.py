@@ -314,13 +314,14 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
                  timeout: float = 600.0, min_clients: int = 1, threads: int = 1, resume: bool = False,
                  force: bool = False, run_timeout: float | None = None,
                  progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
-                 superexec_poll: float = SUPEREXEC_POLL) -> dict:
+                 superexec_poll: float = SUPEREXEC_POLL, retries: int = 1) -> dict:
     """``fedblend deploy``: run ``cfg`` on a loopback Flower federation of ``nodes`` SuperNodes; returns the
     run's summary.json. ``progress(row, None)`` hears every metrics row as the ServerApp writes it to
     ``OUT/metrics.jsonl`` (the command's round display). ``poll``: seconds between the ServerApp's pulls of
     replies (Flower's ``send_and_receive``: 3); ``superexec_poll``: Flower's supported knob
     ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, how often the SuperExecs look for a ServerApp / ClientApp to start
-    (Flower's default: 1 s)."""
+    (Flower's default: 1 s); ``retries``: sends again of a message whose reply is a transient Flower error
+    (:data:`fedblend.flower.backend.TRANSIENT`)."""
     from fedblend.rundir import DirLock, RunLockedError, check_out_dir, locked_by
 
     out = Path(out).resolve()
@@ -335,15 +336,16 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     work = out.parent / f".{out.name}.flower"
     with DirLock(work, "deploy work folder"):
         return _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
-                              run_timeout, progress, poll, superexec_poll)
+                              run_timeout, progress, poll, superexec_poll, retries)
 
 
 def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, timeout: float, min_clients: int,
                    threads: int, resume: bool, force: bool, run_timeout: float | None,
                    progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
-                   superexec_poll: float = SUPEREXEC_POLL) -> dict:
+                   superexec_poll: float = SUPEREXEC_POLL, retries: int = 1) -> dict:
     shutil.rmtree(work / "flwr-home", ignore_errors=True)
-    app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force, poll)
+    app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force, poll,
+                    retries)
     with local_federation(work, env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(superexec_poll)}) as fed:
         fed.start_superlink()
         log.info("SuperLink on 127.0.0.1:%d; starting %d SuperNode(s); logs in %s", fed.port, nodes, work)
