@@ -20,7 +20,10 @@ BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take 
 (:func:`busy_elsewhere`), so a runner restarted mid-session does not start more than ``--jobs`` at once.
 ``--fill``: when a place is free and no line fits, start the first ready line anyway; the session's end then
 stops it, and a later session on a machine that kept BASE resumes it from its last checkpoint (every
-``checkpoint_every`` rounds) instead of the cores idling until the deadline. The log
+``checkpoint_every`` rounds) instead of the cores idling until the deadline. A started line is kept in
+``QUEUE.running`` until its run ends (:func:`requeue_cut`): a runner that starts finds there the lines of runs an
+earlier runner started and never saw end (the session's end stopped both) and puts them back at the head of the
+queue, so a cut run resumes first, without anyone re-adding its line. The log
 (``BASE/campaign.log``) has a line per start and end (for a pre-training, whether its agent file is the
 committed one, :func:`agent_note`; for a run that failed, where its output is: its line goes to
 ``QUEUE.failed``, :func:`failed`, to be queued again once the cause is fixed); ``python scripts/tables.py
@@ -223,6 +226,48 @@ def failed(queue: Path, line: Line) -> str:
     return f" (failed: see {line.out}.log; its line is kept in {kept})"
 
 
+def running_file(queue: Path) -> Path:
+    """``QUEUE.running``: the lines whose runs this runner (or an earlier one) started and has not seen end."""
+    return queue.with_name(queue.name + ".running")
+
+
+def note_started(queue: Path, line: Line) -> None:
+    with open(running_file(queue), "a") as f:
+        f.write(line.text + "\n")
+
+
+def note_ended(queue: Path, line: Line) -> None:
+    kept = running_file(queue)
+    if kept.exists():
+        rest = [t for t in kept.read_text().splitlines() if t != line.text]
+        kept.write_text("".join(t + "\n" for t in rest))
+
+
+def requeue_cut(queue: Path, base: Path, log) -> list[Line]:
+    """The lines of ``QUEUE.running`` whose runs are neither finished nor written by a live process (a runner
+    and its runs stopped by a session's end): put back at the head of the queue, in the order they started,
+    and returned; their runs resume from their checkpoints (:func:`restart_flags`). A finished run's line is
+    dropped; a run another process still writes keeps its line in ``QUEUE.running`` (its runner is alive)."""
+    kept = running_file(queue)
+    if not kept.exists():
+        return []
+    live = {d.resolve() for d in busy_elsewhere(base, set())}
+    back, stay = [], []
+    for line in parse(kept.read_text()):
+        if finished(line, base):
+            continue
+        (stay if run_dir(line, base).resolve() in live else back).append(line)
+    present = queue.read_text().splitlines() if queue.exists() else []
+    head = [line.text for line in back if line.text not in present]
+    queue.write_text("".join(t + "\n" for t in head + present))
+    kept.write_text("".join(line.text + "\n" for line in stay))
+    for line in back:
+        log.write(f"{time.strftime('%H:%M:%S')} requeue {line.out}: an earlier runner started it and stopped "
+                  f"before it ended\n")
+    log.flush()
+    return back
+
+
 def drop(queue: Path, line: Line) -> None:
     """Rewrite the queue file without ``line`` (what is left stays there for the next runner)."""
     rest = [t for t in queue.read_text().splitlines() if t != line.text]
@@ -253,12 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     base = args.base.resolve()
     running: dict[str, tuple[subprocess.Popen, Line]] = {}
     with open(base / "campaign.log", "a") as log:
+        requeue_cut(args.queue, base, log)
         while True:
             for key, (proc, line) in list(running.items()):
                 if proc.poll() is not None:
                     note = agent_note(line, base) if proc.returncode == 0 else failed(args.queue, line)
                     log.write(f"{time.strftime('%H:%M:%S')} end rc={proc.returncode} {line.out}{note}\n")
                     log.flush()
+                    note_ended(args.queue, line)
                     del running[key]
             queue = parse(args.queue.read_text())
             for line in [line for line in queue if line.out not in running and finished(line, base)]:
@@ -274,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 note = f" (past {args.until}: --fill, resumable from its checkpoints)" if late else ""
                 running[line.out] = (start(line, base, log, note), line)
                 drop(args.queue, line)
+                note_started(args.queue, line)
             if not running and not elsewhere:
                 log.write(f"{time.strftime('%H:%M:%S')} nothing left that fits before {args.until}\n")
                 return 0

@@ -207,3 +207,73 @@ def test_a_failed_run_keeps_its_line_in_queue_failed_and_the_log_names_its_outpu
     log = (tmp_path / "campaign.log").read_text()
     assert f"end rc=1 runs/bad (failed: see runs/bad.log; its line is kept in {queue}.failed)" in log
     assert "end rc=0 runs/good\n" in log
+    assert (tmp_path / "queue.txt.running").read_text() == ""  # both ended: no line left to requeue
+
+
+def test_a_line_whose_runner_was_stopped_comes_back_at_the_queue_head(campaign, tmp_path, monkeypatch):
+    """A session's end stops the runner and its run (here: the runner interrupted while its run is going): the
+    next runner finds the line in ``QUEUE.running`` and starts it first, ahead of the queue's other lines."""
+    import subprocess
+    import sys
+
+    queue = tmp_path / "queue.txt"
+    (tmp_path / "c.toml").write_text('method = "fedavg"\n')
+    cut, other = (f"50\tabc\tfedblend run {tmp_path / 'c.toml'} --out runs/{name}" for name in ("cut", "other"))
+    queue.write_text(f"{cut}\n")
+    procs = []
+
+    def fake_start(line, base, log, note=""):
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return procs[-1]
+
+    def stop(_seconds):
+        raise KeyboardInterrupt  # the session ends while the run goes on
+
+    monkeypatch.setattr(campaign, "start", fake_start)
+    monkeypatch.setattr(campaign, "head", lambda: "abc")
+    monkeypatch.setattr(campaign.time, "sleep", stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            campaign.main([str(queue), "--until", "23:59", "--base", str(tmp_path), "--jobs", "1"])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert queue.read_text() == "" and (tmp_path / "queue.txt.running").read_text() == cut + "\n"
+    queue.write_text(f"{other}\n")  # someone queued more meanwhile
+    _run_dir(tmp_path / "runs/cut", last_round=37)  # what the stopped run left: a checkpoint, no summary
+    with open(tmp_path / "campaign.log", "a") as log:
+        assert [line.text for line in campaign.requeue_cut(queue, tmp_path, log)] == [cut]
+    assert queue.read_text() == f"{cut}\n{other}\n"  # first, and resumed: --resume from its checkpoint
+    assert campaign.restart_flags(campaign.parse(cut)[0], tmp_path) == ["--resume"]
+    assert (tmp_path / "queue.txt.running").read_text() == ""
+    assert "requeue runs/cut: an earlier runner started it and stopped before it ended" in (
+        tmp_path / "campaign.log").read_text()
+
+
+def test_requeue_drops_finished_runs_and_leaves_runs_a_live_process_writes(campaign, tmp_path):
+    import subprocess
+    import sys
+
+    queue = tmp_path / "queue.txt"
+    lines = {n: f"50\tabc\tfedblend run /c.toml --out runs/{n}" for n in ("done", "live", "cut")}
+    queue.write_text("")
+    (tmp_path / "queue.txt.running").write_text("".join(t + "\n" for t in lines.values()))
+    for n in lines:
+        _run_dir(tmp_path / "runs" / n, last_round=50)
+    (tmp_path / "runs/done/summary.json").write_text("{}")
+    (tmp_path / "runs/live/.fedblend.lock").write_text("1\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)",
+         str(tmp_path / "runs/live/.fedblend.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with open(tmp_path / "campaign.log", "a") as log:
+            back = campaign.requeue_cut(queue, tmp_path, log)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [line.out for line in back] == ["runs/cut"]
+    assert queue.read_text() == lines["cut"] + "\n"
+    assert (tmp_path / "queue.txt.running").read_text() == lines["live"] + "\n"
