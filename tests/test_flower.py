@@ -70,7 +70,6 @@ class LocalGrid:
         return out
 
 
-
 class PushPullGrid(LocalGrid):
     """LocalGrid behind Flower's push / pull API (the ServerApp's path, ``poll`` set): each pushed message gets
     an id and its reply names it. ``fault(message) -> Message | None`` replaces a node's answer with an error
