@@ -15,9 +15,9 @@ Both read the run config of the generated app (:func:`fedblend.flower.deploy.wri
   ``poll``: seconds between the ServerApp's pulls of the replies (default 0.2; Flower's ``send_and_receive``
   waits 3 s between pulls); ``retries``: how often a message whose reply is a transient Flower error (a
   ClientApp that stopped responding, a lost reply) is sent again within ``timeout`` (default 1,
-  :data:`fedblend.flower.backend.TRANSIENT`); ``keep``: state versions a node keeps per client (default enough for a resume,
-  ``2 * checkpoint_every + 2``); ``state-dir``: the nodes' state directories' parent where a node config names
-  none (:mod:`fedblend.flower.node`).
+  :data:`fedblend.flower.backend.TRANSIENT`); ``keep``: state versions a node keeps per client (default
+  enough for a resume, ``2 * checkpoint_every + 2``); ``state-dir``: the nodes' state directories' parent
+  where a node config names none (:mod:`fedblend.flower.node`).
 
 The ServerApp is :func:`fedblend.experiment.run_experiment` with the :class:`~fedblend.flower.backend.
 FlowerBackend`: the engine's one round loop, its sampling and every random stream from the config's seed (never
@@ -72,8 +72,8 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> 
     keep = int(rc.get("keep", max(2, 2 * cfg.checkpoint_every + 2)))  # state versions per client (a resume)
     backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
-                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop, retries=int(rc.get("retries", 1)),
-                            wait_nodes=float(rc.get("wait-nodes", 300)))
+                            keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop,
+                            wait_nodes=float(rc.get("wait-nodes", 300)), retries=int(rc.get("retries", 1)))
     summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
                              force=bool(rc.get("force", False)), backend=backend, progress=progress)
     keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
