@@ -157,6 +157,24 @@ def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_pa
         assert len(looks) == 13 and len(set(looks)) == 13, looks
 
 
+def test_report_curves_give_a_row_with_a_slot_that_slots_colour_and_style_in_every_figure(tmp_path):
+    from fedblend.cli.report import LINE_STYLES, aggregate, curves_figure, find_runs
+
+    _fake_sweep(tmp_path / "runs")
+    (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
+    full = [dict(row, legend=f"method {i}", slot=i) for i in range(12)]
+    part = [full[11], full[3]]  # another figure with two of the rows, in another order
+    for rows in (full, part):
+        for axis in curves_figure(rows, "acc").axes:
+            looks = {line.get_label(): (line.get_color(), line.get_linestyle()) for line in axis.get_lines()}
+            assert looks["method 3"] == ("C3", "-") and looks["method 11"] == ("C1", LINE_STYLES[1]), looks
+    unslotted = [dict(r) for r in part]
+    for r in unslotted:
+        del r["slot"]
+    colours = [line.get_color() for line in curves_figure(unslotted, "acc").axes[0].get_lines()]
+    assert colours == ["C0", "C1"]  # without a slot, the row's place in the figure
+
+
 def test_legends_show_an_empty_config_value_and_per_client_labels_fit_their_box(tmp_path, monkeypatch):
     import matplotlib.axes
 

@@ -434,7 +434,9 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
                   acc_range: tuple[float, float] | None = None):
     """Accuracy (left) and test loss (right) per round, mean over seeds with a band (``"std"``: ± the table's
     sample std; ``"ci"``: the 95% t-interval of the mean), one line per row, the legend by method, the title
-    stating the setting (``setting``, else the one every row's config shares) and the number of seeds.
+    stating the setting (``setting``, else the one every row's config shares) and the number of seeds. A row's
+    colour and line style are its position's, or its ``"slot"`` where the caller sets one (the same method in the
+    same colour across several figures).
     ``acc_range`` (%, low and high) zooms the accuracy axis, stated in the axis label; the loss axis is left
     whole."""
     plt = pyplot("the report's figures")
@@ -448,7 +450,8 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
     drawn = [r for r, (acc, _) in zip(rows, curves) if acc and acc[0]] or rows
     seeds = sorted({r["n"] for r in drawn})
     for i, row in enumerate(rows):
-        style = LINE_STYLES[(i // 10) % len(LINE_STYLES)]  # the colour cycle has 10 colours: then a new style
+        slot = row.get("slot", i)  # a caller's fixed slot keeps a method's colour from one figure to the next
+        style = LINE_STYLES[(slot // 10) % len(LINE_STYLES)]  # the colour cycle has 10 colours: then a new style
         for axis, got, scale in ((ax, curves[i][0], 100.0), (lx, curves[i][1], 1.0)):
             if got is None or not got[0]:
                 continue
@@ -456,7 +459,7 @@ def curves_figure(rows: list[dict], key: str = "acc", band: str = "std", setting
             half = std if band == "std" else ci_halfwidth(got[1] * scale)
             label = row["legend"] + (f" (n = {row['n']})" if len(seeds) > 1 else "")
             line, = axis.plot(got[0], mean, label=label, marker="." if len(got[0]) < 30 else None, linestyle=style,
-                              color=f"C{i % 10}")
+                              color=f"C{slot % 10}")
             lo, hi = mean - half, mean + half  # an accuracy lies in [0, 100] and a loss is >= 0: the band too
             axis.fill_between(got[0], np.maximum(lo, 0.0), np.minimum(hi, 100.0) if axis is ax else hi, alpha=0.2,
                               color=line.get_color())
