@@ -44,6 +44,7 @@ class Figure:
     key: str = "acc"  # the metric: "acc" (personalized) or "global_acc" (the global model)
     setting: str | None = None  # the title's setting, when the curves' settings differ
     acc_range: tuple[float, float] | None = None  # zoom the accuracy axis (%)
+    t4_colours: bool = False  # each T4 row in its own colour, the same in every T4 figure (its place in T4_ROWS)
 
 
 FIGURES = (
@@ -57,17 +58,21 @@ FIGURES = (
             ("results/t1/dir/fedavg-ft", "FedAvg-FT, Dir(0.1)"), ("results/t1/dir/local", "Local, Dir(0.1)")),
            setting=T1_SETTING),
     Figure("docs/img/t4-fmnist-pat2-accuracy.png", t4_curves("fmnist-pat2"),
-           setting="FMNIST pathological s = 2, 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)"),
+           setting="FMNIST pathological s = 2, 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)",
+           t4_colours=True),
     Figure("docs/img/t4-fmnist-pat2-accuracy-top.png",
            tuple(c for c in t4_curves("fmnist-pat2") if not c[0].endswith(("/fedavg", "/apfl"))),
            setting="FMNIST pathological s = 2, T4, the rows above 95 % (FedAvg and APFL left out)",
-           acc_range=(95.0, 100.0)),
+           acc_range=(95.0, 100.0), t4_colours=True),
     Figure("docs/img/t4-mnist-domains-accuracy.png", t4_curves("mnist-domains"),
-           setting="MNIST* (MNIST / USPS / mnist-texture), 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)"),
+           setting="MNIST* (MNIST / USPS / mnist-texture), 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)",
+           t4_colours=True),
     Figure("docs/img/t4-mnist-domains-accuracy-top.png",
            tuple(c for c in t4_curves("mnist-domains") if "/pfedrlla" not in c[0] and not c[0].endswith("/local")),
            setting="MNIST*, T4, the baselines (pFedRLLA's rows and Local-only left out), accuracy axis from 88 %",
-           acc_range=(88.0, 97.0)),
+           acc_range=(88.0, 97.0), t4_colours=True),
+    Figure("docs/img/t4-fmnist-dir0.1-accuracy.png", t4_curves("fmnist-dir0.1"),
+           setting="FMNIST Dir(0.1), 100 clients (10 % join), 4-layer CNN, 100 rounds (T4)", t4_colours=True),
     # the probes of what pFedRLLA's K' stores (Alg. 1 leaves it open), between FedAvg and training alone
     Figure("docs/img/t4-mnist-domains-storage.png",
            (("results/probes/t4/mnist-domains/pfedrlla-storage-trained", "pFedRLLA, K' = trained models (authors)"),
@@ -87,6 +92,8 @@ def rows_of(fig: Figure, repo: Path = REPO) -> list[dict]:
             raise SystemExit(f"figures: {folder} holds no finished run (needed by {fig.image})")
         (row,) = got
         row["legend"] = legend
+        if fig.t4_colours:
+            row["slot"] = [k for k, _ in T4_ROWS].index(Path(folder).name)
         rows.append(row)
     return rows
 
