@@ -53,7 +53,7 @@ from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
-from fedblend.data.sources import DATASETS, INPUTS, find_dataset
+from fedblend.data.sources import DATASETS, INPUTS, SYNTHETIC, find_dataset
 from fedblend.models.zoo import MODELS, build_model, find_model
 from fedblend.rundir import check_name
 
@@ -95,7 +95,7 @@ BACKEND_NAMES = ("sequential", "processes", "vmap", "flower-sim")
 NONFINITE_POLICIES = ("stop", "skip")
 DIVERGENCE_POLICIES = ("stop", "warn")
 STORES = ("memory", "disk")
-SCALAR_CHOICES = {"dataset": tuple(DATASETS) + ("synthetic",), "model": tuple(MODELS), "device": DEVICES,
+SCALAR_CHOICES = {"dataset": tuple(DATASETS) + tuple(SYNTHETIC), "model": tuple(MODELS), "device": DEVICES,
                   "backend": BACKEND_NAMES, "on_nonfinite": NONFINITE_POLICIES, "store": STORES,
                   "on_divergence": DIVERGENCE_POLICIES}
 SCALAR_RANGES = {"rounds": "[1, 1000000]", "seed": "[0, 4294967295]", "checkpoint_every": "[0, 1000000]",

@@ -35,7 +35,8 @@ METHOD_NAMES = {
     "fedrep": "FedRep", "fedbabu": "FedBABU",
 }
 DATASET_NAMES = {"mnist": "MNIST", "fmnist": "FMNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
-                 "ag_news": "AG News", "usps": "USPS", "mnist_star": "MNIST*", "synthetic": "synthetic"}
+                 "ag_news": "AG News", "usps": "USPS", "mnist_star": "MNIST*", "synthetic": "synthetic",
+                 "synthetic-64k": "synthetic (64k)"}
 MODEL_NAMES = {"cnn4": "4-layer CNN", "lenet5": "LeNet-5", "cnn5": "5-layer CNN", "mlp": "MLP", "fasttext": "fastText"}
 
 

@@ -1,24 +1,63 @@
-"""Optimizers as data: ``init(params) -> state`` and ``step(params, grads, state, ...) -> (params, state)`` over
-parameter dictionaries, the state plain tensors and numbers (optax's init/update split), so an optimizer's
-buffers live in a client's or the server's state and go through checkpoints and the process backend as data.
+"""Optimizers as data: hyperparameters bound at construction, ``init(params) -> state`` and an update that
+returns (or writes) the new parameters and state, the state plain tensors and numbers (optax's shape), so an
+optimizer's buffers live in a client's or the server's state and go through checkpoints and the process backend
+as data.
 
-One SGD rule serves every learner that steps a parameter dict functionally: server-side hypernetworks (pFedHN,
-pFedLA), FedGH's global header, and the ``vmap`` backend's batched client SGD (:func:`sgd_direction`, with a
-per-client "fresh buffer" mask). Adam serves pFedRLLA's agent and embedding network.
+:class:`SGD` is the client optimizer: every client-training driver calls it, the sequential loop
+(:func:`fedblend.core.training.sgd_train`) on one client's tensors and the ``vmap`` backend on tensors stacked
+over a client axis (the update is element-wise, so a stack of clients is updated exactly as each client alone).
+It updates in place with ``torch._foreach_*`` kernels (one call for all tensors; on a GPU one fused launch), and
+its arithmetic is the fused ``add(..., alpha=)`` of ``torch.optim.SGD``'s update -- the bits of every recorded
+result.
 
-The sequential client training loop (:func:`fedblend.core.training.sgd_train`) applies the same rule in place
-with ``torch``'s fused ``add(..., alpha=)`` / ``sub_(..., alpha=)`` kernels. Those round differently from the
-unfused ``p - lr * g`` here (an FMA: measured, 37k of 300k elements differ in the last bit), and every recorded
-result depends on that loop, so it keeps its fused form: merging the two would move results.
+The functional :func:`sgd_step` / :func:`adam_step` serve the server-side learners that step a parameter dict
+and keep the old one (pFedHN's and pFedLA's hypernetworks, FedGH's header, pFedRLLA's agent): their unfused
+``p - lr * g`` rounds differently from the fused update (an FMA: measured, 37k of 300k elements differ in the
+last bit), and their recorded results depend on it, so they keep it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SGD:
+    """``torch.optim.SGD``'s update (Robbins & Monro; heavy-ball momentum), in place over lists of tensors:
+    ``g = grad + wd * p``; ``b = mu * b + g``; ``p = p - lr * b``.
+
+    A fresh momentum buffer is a zero tensor: ``mu * 0 + g`` is ``g`` exactly, torch's ``b = g`` on the first
+    step, so a client with a kept buffer and one without update together in one stack."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def init(self, params: Sequence[torch.Tensor],
+             kept: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+        """Momentum buffers (none without momentum): ``kept[i]`` copied where given, zeros elsewhere."""
+        if not self.momentum:
+            return []
+        kept = kept or [None] * len(params)
+        return [torch.zeros_like(p) if k is None else k.detach().clone().to(p) for p, k in zip(params, kept)]
+
+    @torch.no_grad()
+    def update_(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                bufs: Sequence[torch.Tensor]) -> None:
+        """One step, written into ``params`` and ``bufs``."""
+        params, grads = list(params), list(grads)
+        if self.weight_decay:
+            grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+        if self.momentum:
+            torch._foreach_mul_(bufs, self.momentum)
+            torch._foreach_add_(bufs, grads)
+            grads = bufs
+        torch._foreach_add_(params, grads, alpha=-self.lr)
 
 
 def sgd_direction(g: torch.Tensor, p: torch.Tensor, buf: torch.Tensor | None, momentum: float,

@@ -28,6 +28,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedblend.common.params import Params
+from fedblend.core.optim import SGD
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,34 @@ def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tenso
     return functional_call(model, params, (feats,), {"part": "head"}), feats
 
 
+def batch_plan(n: int, batch_size: int, epochs: int, generator: torch.Generator, drop_last: bool = False,
+               steps: int | None = None) -> list[torch.Tensor]:
+    """Every index batch of one piece of local training, drawn up front from the client's stream (the same draws
+    as taking them one by one: an epoch's permutation is drawn whole either way): ``epochs`` passes, or the first
+    ``steps`` batches of as many passes as they need. Empty when there is nothing to train."""
+    per_epoch = batches_per_epoch(n, batch_size, drop_last)
+    if steps is not None:
+        epochs = math.ceil(steps / per_epoch) if per_epoch else 0
+    if per_epoch == 0 or epochs <= 0 or (steps is not None and steps <= 0):
+        return []
+    plan = list(batches(n, batch_size, epochs, generator, drop_last))
+    return plan[:steps] if steps is not None else plan
+
+
+def client_step(loss_fn: Callable, opt: SGD, leaves: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],
+                batch) -> torch.Tensor:
+    """The client step, the unit of local training: ``loss_fn(batch) -> (loss to minimise, data loss)``, its
+    gradient in ``leaves``, one optimizer update of ``leaves`` and ``bufs`` in place. Returns the data loss,
+    detached and on the device (no host synchronisation: drivers read losses once per piece of training).
+
+    Both drivers call it: :func:`sgd_train` with one client's tensors and a plain forward, the ``vmap`` backend
+    with tensors stacked over clients and a batched forward whose loss is the sum of the clients' losses (each
+    client's gradient is then its own loss's gradient)."""
+    total, data_loss = loss_fn(batch)
+    opt.update_(leaves, torch.autograd.grad(total, leaves), bufs)
+    return data_loss.detach()
+
+
 def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
               cfg: TrainConfig, generator: torch.Generator, *, momentum: Mapping[str, torch.Tensor] | None = None,
               loss_terms: Sequence[LossTerm] = (), trainable: Iterable[str] | None = None,
@@ -165,61 +194,43 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
               batch_size: int | None = None, forward_fn: Forward | None = None) -> TrainResult:
     """Train ``params`` on ``(x, y)`` with SGD; return new tensors (inputs are not modified).
 
-    Update per step, as ``torch.optim.SGD``: ``g = grad + wd * p``; ``b = mu * b + g`` (``b = g`` on a fresh
-    buffer); ``p = p - lr * b``. Loss: cross-entropy plus every term of ``loss_terms``. Only buffers of trained
-    tensors are returned (a caller merges them into the ones it keeps). ``forward_fn`` replaces the model's
-    forward pass (see :class:`Forward`).
+    :func:`client_step` over :func:`batch_plan`'s batches with :class:`~fedblend.core.optim.SGD` (the update of
+    ``torch.optim.SGD``). Loss: cross-entropy plus every term of ``loss_terms``. Only buffers of trained tensors
+    are returned (a caller merges them into the ones it keeps). ``forward_fn`` replaces the model's forward pass
+    (see :class:`Forward`).
     """
     epochs = cfg.epochs if epochs is None else epochs
-    lr = cfg.lr if lr is None else lr
     bs = cfg.batch_size if batch_size is None else batch_size
+    opt = SGD(cfg.lr if lr is None else lr, cfg.momentum, cfg.weight_decay)
     wanted = None if trainable is None else set(trainable)
     names = list(params) if wanted is None else [n for n in params if n in wanted]
     work = {k: v.detach().clone() for k, v in params.items()}
-    for n in names:
-        work[n].requires_grad_(True)
-    bufs: dict[str, torch.Tensor] = {}
-    if cfg.momentum and momentum is not None:
-        bufs = {k: v.clone() for k, v in momentum.items() if k in names}
-    total, done, seen = 0.0, 0, 0
-    if steps is not None:
-        per_epoch = batches_per_epoch(len(y), bs, cfg.drop_last)
-        epochs = math.ceil(steps / per_epoch) if per_epoch else 0
-    if batches_per_epoch(len(y), bs, cfg.drop_last) == 0 or epochs <= 0 or (steps is not None and steps <= 0):
-        return TrainResult(_detach(work), bufs or None, float("nan"), 0, 0)
+    kept = {k: v for k, v in (momentum or {}).items() if k in names} if cfg.momentum else {}
+    plan = batch_plan(len(y), bs, epochs, generator, cfg.drop_last, steps)
+    if not plan:
+        return TrainResult(_detach(work), {k: v.clone() for k, v in kept.items()} or None, float("nan"), 0, 0)
+    leaves = [work[n].requires_grad_(True) for n in names]
+    bufs = opt.init(leaves, [kept.get(n) for n in names])
     feats_needed = any(t.needs_features for t in loss_terms)
-    leaves = [work[n] for n in names]
-    for idx in batches(len(y), bs, epochs, generator, cfg.drop_last):
-        if steps is not None and done >= steps:
-            break
+    fwd = forward if forward_fn is None else forward_fn
+
+    def loss_fn(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb, yb = x[idx], y[idx]
-        if forward_fn is None:
-            out, feats = forward(model, work, xb, feats_needed)
-        else:
-            out, feats = forward_fn(model, work, xb, feats_needed)
+        out, feats = fwd(model, work, xb, feats_needed)
         loss = F.cross_entropy(out, yb)
-        total_loss = loss
+        total = loss
         if loss_terms:
             batch = Batch(xb, yb, out, feats, model)
             for term in loss_terms:
-                total_loss = total_loss + term(work, batch)
-        grads = torch.autograd.grad(total_loss, leaves)
-        with torch.no_grad():
-            for n, p, g in zip(names, leaves, grads):
-                if cfg.weight_decay:
-                    g = g.add(p, alpha=cfg.weight_decay)
-                if cfg.momentum:
-                    b = bufs.get(n)
-                    if b is None:
-                        b = bufs[n] = g.detach().clone()
-                    else:
-                        b.mul_(cfg.momentum).add_(g)
-                    g = b
-                p.sub_(g, alpha=lr)
-        total += float(loss.detach()) * len(idx)
-        seen += len(idx)
-        done += 1
-    return TrainResult(_detach(work), bufs or None, total / max(seen, 1), done, seen)
+                total = total + term(work, batch)
+        return total, loss
+
+    sizes = [len(idx) for idx in plan]
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for idx, k in zip(torch.cat(plan).to(x.device).split(sizes), sizes):
+        total += client_step(loss_fn, opt, leaves, bufs, idx).double() * k
+    seen = sum(sizes)
+    return TrainResult(_detach(work), dict(zip(names, bufs)) or None, float(total) / seen, len(plan), seen)
 
 
 def run_spec(spec: TrainSpec, model: nn.Module, data, cfg: TrainConfig, generator: torch.Generator) -> TrainResult:

@@ -34,7 +34,7 @@ from fedblend.common import plugins
 from fedblend.common.errors import DataError, FedblendError
 from fedblend.common.optional import require
 from fedblend.data.raw import RawDataset
-from fedblend.data.synthetic import make_synthetic
+from fedblend.data.synthetic import SIZES as SYNTHETIC, make_synthetic
 
 ENV_VAR = "FEDBLEND_DATA"
 
@@ -366,7 +366,7 @@ def require_packages(name: str) -> dict[str, Any]:
 INPUTS: dict[str, tuple[str, tuple[int, int] | None]] = {
     "mnist": ("image", (1, 28)), "fmnist": ("image", (1, 28)), "cifar10": ("image", (3, 32)),
     "cifar100": ("image", (3, 32)), "usps": ("image", (1, 16)), "ag_news": ("text", None),
-    "mnist_star": ("image", (3, 28)), "synthetic": ("image", (1, 8)),
+    "mnist_star": ("image", (3, 28)), **{name: ("image", (1, 8)) for name in SYNTHETIC},
 }
 
 
@@ -375,10 +375,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download:
 
     A file that exists but cannot be read (no permission, truncated, not the expected format) raises
     :class:`~fedblend.common.errors.DataError` naming the dataset and the reason."""
-    if name == "synthetic":
-        return make_synthetic()
+    if name in SYNTHETIC:
+        return make_synthetic(**SYNTHETIC[name])
     if find_dataset(name) is None:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['synthetic']}, a plug-in's "
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + sorted(SYNTHETIC)}, a plug-in's "
                          f"entry point (group fedblend.datasets) or 'package.module:function'")
     require_packages(name)
     folder = resolve_data_dir(data_dir)
@@ -399,7 +399,7 @@ def find_dataset(name: str) -> Callable[..., RawDataset] | None:
     ``fedblend.datasets`` or ``"package.module:function"``), a callable ``(data_dir: Path, download: bool) ->
     RawDataset`` registered under ``name``; its optional attribute ``inputs`` (``("image", (channels, side))`` or
     ``("text", None)``) lets a config check that the model fits before loading. None if there is no such dataset."""
-    if name in DATASETS or name == "synthetic":
+    if name in DATASETS or name in SYNTHETIC:
         return DATASETS.get(name, make_synthetic)
     obj = plugins.find("dataset", name)
     if obj is None:

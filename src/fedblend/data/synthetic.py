@@ -1,8 +1,13 @@
-"""A tiny synthetic image dataset for unit tests (not evidence of accuracy).
+"""Synthetic image datasets for unit tests and speed measurements (not evidence of accuracy).
 
 Each class c has a fixed random 8x8 prototype; a sample is its prototype plus Gaussian noise, clipped and
 quantised to uint8 like a real image archive, so the whole pipeline (partition, normalisation, models) runs
 unchanged in milliseconds.
+
+Two sizes, by dataset name (:data:`SIZES`): ``synthetic`` (4 classes, 240 training images: unit tests) and
+``synthetic-64k`` (10 classes, 64,000 training images: the overhead-bound speed proxy of
+``configs/bench/proxy-*.toml``, where 64 clients of ~1,000 tiny images train an MLP with batches of 10, so a
+round's time is set by the per-step overhead of the training loop, not by its arithmetic).
 """
 
 from __future__ import annotations
@@ -10,6 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from fedblend.data.raw import RawDataset
+
+
+#: dataset name -> :func:`make_synthetic` arguments
+SIZES: dict[str, dict] = {
+    "synthetic": {},
+    "synthetic-64k": {"num_classes": 10, "train_per_class": 6_400, "test_per_class": 1_000},
+}
 
 
 def make_synthetic(num_classes: int = 4, train_per_class: int = 60, test_per_class: int = 20,
