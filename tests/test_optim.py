@@ -2,7 +2,7 @@
 
 import torch
 
-from fedblend.core.optim import sgd_direction, sgd_init, sgd_step
+from fedblend.core.optim import SGD, sgd_init, sgd_step
 
 
 def test_sgd_step_equals_torch_sgd_with_momentum_and_decay():
@@ -21,9 +21,34 @@ def test_sgd_step_equals_torch_sgd_with_momentum_and_decay():
     assert torch.allclose(ours["w"], w.detach()) and torch.allclose(ours["e"], e.detach())
 
 
-def test_sgd_direction_masks_fresh_buffers_per_learner():
-    """A stack of learners, the first with a fresh buffer: its direction is the gradient, the other's the
-    heavy-ball sum (the vmap backend's per-client rule)."""
-    g, p, buf = torch.tensor([[1.0], [1.0]]), torch.tensor([[2.0], [2.0]]), torch.tensor([[10.0], [10.0]])
-    d = sgd_direction(g, p, buf, 0.5, 0.1, torch.tensor([[True], [False]]))
-    assert torch.allclose(d, torch.tensor([[1.2], [6.2]]))
+def test_sgd_update_equals_torch_sgd_bit_for_bit_for_each_learner_of_a_stack():
+    """:class:`SGD` on tensors stacked over three learners (the vmap backend's use) -- one starting with a kept
+    momentum buffer, two fresh (a zero buffer) -- gives each learner exactly what ``torch.optim.SGD`` gives it
+    alone, bit for bit (same fused kernels), over several steps with weight decay."""
+    gen = torch.Generator().manual_seed(0)
+    p0 = torch.randn(3, 5, 4, generator=gen)
+    grads = [torch.randn(3, 5, 4, generator=gen) for _ in range(4)]
+    kept = torch.randn(5, 4, generator=gen)
+    opt = SGD(lr=0.1, momentum=0.9, weight_decay=0.01)
+    stack = p0.clone()
+    bufs = [torch.stack([kept, torch.zeros(5, 4), torch.zeros(5, 4)])]
+    for g in grads:
+        opt.update_([stack], [g], bufs)
+    for i in range(3):
+        w = torch.nn.Parameter(p0[i].clone())
+        ref = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False)
+        if i == 0:
+            ref.state[w]["momentum_buffer"] = kept.clone()
+        for g in grads:
+            w.grad = g[i].clone()
+            ref.step()
+        assert torch.equal(stack[i], w.detach()), i
+        assert torch.equal(bufs[0][i], ref.state[w]["momentum_buffer"]), i
+
+
+def test_sgd_without_momentum_keeps_no_buffers_and_steps_by_lr():
+    opt = SGD(lr=0.5)
+    p = torch.tensor([1.0, 2.0])
+    assert opt.init([p]) == []
+    opt.update_([p], [torch.tensor([1.0, -1.0])], [])
+    assert torch.equal(p, torch.tensor([0.5, 2.5]))

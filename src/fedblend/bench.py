@@ -11,6 +11,13 @@ For each of ``rounds`` rounds, alternately and in the same process:
   same clients' evaluation split with the same batch size (so a method that evaluates a personalized and a
   distinct global model per client, or blends / fine-tunes before evaluating, shows that work in the ratio).
 
+``--backends a,b,...`` instead times the same rounds of the config under each backend, interleaved round by
+round in one process (so a machine's load falls on all of them), and reports each backend's seconds per round,
+its speed-up over the first, its accuracy after the last round (backends must agree within floating-point
+tolerance), and how far training is from the device's limit: samples per second times the model's FLOPs per
+training sample (counted by ``torch.utils.flop_counter`` on one forward and backward pass) against the device's
+measured arithmetic peak (a large float32 matrix product, :func:`measured_peak_flops`).
+
 It prints seconds per round for both, their ratio (engine / plain: near 1 means the federated machinery costs
 little beyond the arithmetic; above 1 for methods whose clients do extra work, e.g. ALA), samples and clients
 per second, and the peak memory: resident set size of this process and of worker processes (Linux ``ru_maxrss``)
@@ -131,3 +138,84 @@ def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -
         "per_round": [{"round": r + 1, "train_engine_s": a, "train_plain_s": b, "eval_engine_s": c, "eval_plain_s": d}
                       for r, (a, b, c, d) in enumerate(zip(eng_t, plain_t, eng_e, plain_e))],
     }
+
+
+def train_flops_per_sample(sim: Simulation, name: str) -> float:
+    """FLOPs of one training sample (forward and backward of the cross-entropy), counted on a batch of 8."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _plain_model(sim, name)
+    data = next(c for c in sim.fed.clients if c.num_train)
+    x, y = data.train_x[:8], data.train_y[:8]
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / len(y)
+
+
+def measured_peak_flops(device: str, size: int | None = None, repeats: int = 5) -> float:
+    """FLOP/s of a float32 ``size x size`` matrix product on ``device`` at the current thread count (best of
+    ``repeats``): the arithmetic peak the speed is measured against."""
+    size = size or (8192 if torch.device(device).type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ a
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
+                     data_dir: str | Path | None = None) -> dict[str, Any]:
+    """Time ``rounds`` training rounds (and one evaluation after each) of ``cfg`` under each backend, interleaved
+    round by round in this process (see module docstring)."""
+    cfg = check_config(cfg)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"bench rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
+    if not backends or len(set(backends)) != len(backends):
+        raise ConfigError(f"bench --backends must name distinct backends, got {backends!r}")
+    fed = build_data(cfg, data_dir)
+    device = cfg.resolved_device()
+    sims = {}
+    for b in backends:
+        sim = create_simulation(dataclasses.replace(cfg, backend=b), fed, device=device)
+        sim.protocol = dataclasses.replace(sim.protocol, every=10**9)
+        sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
+        sims[b] = sim.__enter__()
+    times = {b: {"train": [], "eval": []} for b in backends}
+    acc, samples = {}, []
+    try:
+        for _ in range(rounds):
+            for b, sim in sims.items():
+                selected = sample_clients(sim.sampling, fed.num_clients, sim.next_round, sim.tree)
+                if b == backends[0]:
+                    samples.append(sum(fed.clients[c].num_train for c in selected) * cfg.train.epochs)
+                times[b]["train"].append(sim.run_round()["seconds"])
+                _sync(sim)
+                e0 = time.perf_counter()
+                row = sim.evaluate(sim.next_round - 1)
+                _sync(sim)
+                times[b]["eval"].append(time.perf_counter() - e0)
+                acc[b] = (row or {}).get("acc")
+        flops = train_flops_per_sample(sims[backends[0]], cfg.model)
+    finally:
+        for sim in sims.values():
+            sim.__exit__(None, None, None)
+    peak = measured_peak_flops(device)
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    base = mean(times[backends[0]]["train"][1:] or times[backends[0]]["train"])
+    out = {"config": cfg.label, "method": cfg.method, "device": device, "threads": torch.get_num_threads(),
+           "rounds": rounds, "samples_per_round": mean(samples), "train_flops_per_sample": flops,
+           "peak_flops": peak, "backends": {}}
+    for b in backends:
+        tr = times[b]["train"][1:] or times[b]["train"]  # rounds 2+: the first warms up (allocations, caches)
+        sps = mean(samples) / mean(tr)
+        out["backends"][b] = {"train_s_per_round": mean(tr), "eval_s": mean(times[b]["eval"]),
+                              "speedup_vs_" + backends[0]: base / mean(tr), "accuracy": acc.get(b),
+                              "samples_per_s": sps, "fraction_of_peak": sps * flops / peak,
+                              "train_s_by_round": times[b]["train"]}
+    return {**out, **peak_memory_mib(device)}

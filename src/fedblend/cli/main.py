@@ -87,6 +87,16 @@ def _debug(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
+def backend_list(text: str) -> list[str]:
+    """``--backends``: distinct names of local backends, comma-separated."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ("sequential", "processes", "vmap")]
+    if not names or bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct backends among sequential, processes, vmap, "
+                                         f"comma-separated; got {text!r}")
+    return names
+
+
 def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="where tensors live (config: device)")
     p.add_argument("--backend", choices=["sequential", "processes", "vmap", "flower-sim"],
@@ -169,6 +179,8 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     b.add_argument("--rounds", type=int_in(flags.BENCH_ROUNDS), default=3, help="rounds to time (default 3)")
     b.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: torch's)")
+    b.add_argument("--backends", type=backend_list, default=None, help="comma-separated backends to time against "
+                   "each other on the same rounds, interleaved (e.g. sequential,vmap), instead of the plain loop")
     _runtime_flags(b)
     pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
                                           "run CONFIG with the body kept local, write the agent file to --out")
@@ -342,6 +354,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        if args.backends:
+            from fedblend.bench import compare_backends
+
+            print(json.dumps(compare_backends(cfg, args.backends, args.rounds, args.data_dir), indent=2))
+            return 0
         print(json.dumps(bench(cfg, args.rounds, args.data_dir), indent=2))
         return 0
     if args.cmd == "pretrain":

@@ -61,16 +61,13 @@ class SGD:
 
 
 def sgd_direction(g: torch.Tensor, p: torch.Tensor, buf: torch.Tensor | None, momentum: float,
-                  weight_decay: float, fresh: bool | torch.Tensor) -> torch.Tensor:
-    """``torch.optim.SGD``'s step direction: ``g + wd * p``, then heavy-ball ``b = mu * b + g`` (``b = g`` where
-    the buffer is ``fresh``: a bool, or a bool tensor broadcast against ``g`` for a stack of learners). The
-    direction is also the new momentum buffer."""
+                  weight_decay: float, fresh: bool) -> torch.Tensor:
+    """``torch.optim.SGD``'s step direction: ``g + wd * p``, then heavy-ball ``b = mu * b + g`` (``b = g`` on a
+    ``fresh`` buffer). The direction is also the new momentum buffer."""
     if weight_decay:
         g = g + weight_decay * p
     if not momentum:
         return g
-    if isinstance(fresh, torch.Tensor):
-        return torch.where(fresh, g, momentum * buf + g)
     return g if fresh else momentum * buf + g
 
 

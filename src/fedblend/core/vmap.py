@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
@@ -37,8 +38,8 @@ from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntim
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
-from fedblend.core.optim import sgd_direction
-from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batches, batches_per_epoch
+from fedblend.core.optim import SGD
+from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batch_plan, client_step
 
 
 def _scalars(term) -> dict:
@@ -75,86 +76,95 @@ def _tensor_args(term, specs: Sequence[TrainSpec], i: int) -> dict:
     return out
 
 
+def _stacked_plan(plans: Sequence[Sequence[torch.Tensor]], offsets: Sequence[int], bs: int, device
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The clients' batches as two ``[steps, clients, bs]`` tensors: rows of the concatenated data (padding: row
+    0) and each sample's weight in its client's mean loss (``1 / batch length``; padding: 0), and per step the
+    number of clients still training (``plans`` sorted by length, longest first, so those are a prefix)."""
+    S, C = (len(plans[0]) if plans else 0), len(plans)
+    idx = torch.full((C, S, bs), -1, dtype=torch.long)
+    for c, plan in enumerate(plans):
+        if plan:
+            rows = pad_sequence(list(plan), batch_first=True, padding_value=-1)
+            idx[c, : rows.shape[0], : rows.shape[1]] = rows
+    real = idx >= 0
+    w = real / real.sum(-1, keepdim=True).clamp_min(1)
+    idx = torch.where(real, idx + torch.tensor(offsets, dtype=torch.long).view(C, 1, 1), 0)
+    active = [sum(1 for p in plans if len(p) > s) for s in range(S)]
+    return idx.transpose(0, 1).contiguous().to(device), w.transpose(0, 1).contiguous().to(device), active
+
+
+def _rows(args: dict, k: int) -> dict:
+    """The first ``k`` clients' entries of stacked term arguments (tensors, or dicts of tensors)."""
+    return {a: ({n: t[:k] for n, t in v.items()} if isinstance(v, dict) else v[:k]) for a, v in args.items()}
+
+
 def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequence[torch.Generator],
                 cfg: TrainConfig) -> list[TrainResult]:
-    """Run same-signature specs of several clients as one vmapped SGD (same update rule as ``sgd_train``)."""
+    """Run same-signature specs of several clients as one batched SGD: :func:`~fedblend.core.training.client_step`
+    on parameters and momentum buffers stacked over clients (one :class:`~fedblend.core.optim.SGD`, as
+    ``sgd_train``), the forward ``vmap``-ed over the clients, each client's mean loss over its real samples.
+
+    Every client draws its batches from its own stream as ``sgd_train`` does; clients are ordered by their number
+    of steps, so the ones still training at a step are a prefix of the stack, trained through views of it (no
+    masking of updates). The batches of every step are gathered on the device from one index tensor, losses
+    stay on the device until the end: nothing per step depends on the number of clients or reads back to the
+    host."""
     first = specs[0]
     epochs = cfg.epochs if first.epochs is None else first.epochs
-    lr = cfg.lr if first.lr is None else first.lr
     bs = cfg.batch_size if first.batch_size is None else first.batch_size
+    opt = SGD(cfg.lr if first.lr is None else first.lr, cfg.momentum, cfg.weight_decay)
     names = list(first.params) if first.trainable is None else [n for n in first.params if n in set(first.trainable)]
-    frozen_names = [n for n in first.params if n not in set(names)]
     xs = [getattr(d, f"{first.split}_x") for d in datas]
     ys = [getattr(d, f"{first.split}_y") for d in datas]
-    plans = []  # per client: its index batches, drawn as sgd_train draws them
-    for _x, y, g in zip(xs, ys, gens):
-        n, ep = len(y), epochs
-        if first.steps is not None:
-            per_epoch = batches_per_epoch(n, bs, cfg.drop_last)
-            ep = -(-first.steps // per_epoch) if per_epoch else 0
-        plan = list(batches(n, bs, ep, g, cfg.drop_last)) if n and ep > 0 else []
-        plans.append(plan[: first.steps] if first.steps is not None else plan)
-    C, S = len(specs), max((len(p) for p in plans), default=0)
-    train = {n: torch.stack([s.params[n].detach() for s in specs]).clone() for n in names}
-    frozen = {n: torch.stack([s.params[n].detach() for s in specs]) for n in frozen_names}
-    use_mom = bool(cfg.momentum)
-    bufs = {n: torch.zeros_like(train[n]) for n in names} if use_mom else {}
-    has_buf = {n: torch.zeros(C, dtype=torch.bool, device=train[n].device) for n in names}  # per client, tensor
-    if use_mom:
-        for c, spec in enumerate(specs):  # kept buffers of the trained tensors (others start fresh, as sgd_train)
-            for n in names:
-                if spec.momentum is not None and n in spec.momentum:
-                    bufs[n][c] = spec.momentum[n]
-                    has_buf[n][c] = True
-    term_args = [_tensor_args(t, specs, i) for i, t in enumerate(first.loss_terms)]
+    plans = [batch_plan(len(y), bs, epochs, g, cfg.drop_last, first.steps) for y, g in zip(ys, gens)]
+    order = sorted(range(len(specs)), key=lambda c: -len(plans[c]))  # stable: equal lengths keep client order
+    dev = xs[0].device
+    sizes = [len(ys[c]) for c in order]
+    offsets = [sum(sizes[:i]) for i in range(len(order))]
+    idx, w, active = _stacked_plan([plans[c] for c in order], offsets, bs, dev)
+    X, Y = torch.cat([xs[c] for c in order]), torch.cat([ys[c] for c in order])
+    stack = {n: torch.stack([specs[c].params[n].detach() for c in order]).clone() for n in first.params}
+    kept = [[(specs[c].momentum or {}).get(n) if opt.momentum else None for c in order] for n in names]
+    bufs = [torch.stack([torch.zeros_like(stack[n][0]) if k is None else k.to(stack[n]) for k in ks])
+            for n, ks in zip(names, kept)] if opt.momentum else []
+    term_args = [_tensor_args(t, [specs[c] for c in order], i) for i, t in enumerate(first.loss_terms)]
     term_scalars = [_scalars(t) for t in first.loss_terms]
+    logits = vmap(lambda p, x: functional_call(model, p, (x,)))
+    terms = [vmap(lambda p, ta, t=t, sc=sc: t.fn(p, None, **ta, **sc)) for t, sc in zip(first.loss_terms, term_scalars)]
+    C, totals = len(order), torch.zeros(len(order), dtype=torch.float64, device=dev)
+    for s, k in enumerate(active):
+        work = {n: v[:k] for n, v in stack.items()}
+        leaves = [work[n].detach().requires_grad_(True) for n in names]
+        work.update(zip(names, leaves))
 
-    def loss_fn(p, fz, x, y, mask, targs):
-        out = functional_call(model, {**fz, **p}, (x,))
-        per = F.cross_entropy(out, y, reduction="none")
-        loss = (per * mask).sum() / mask.sum().clamp_min(1.0)
-        total = loss
-        for t, ta, sc in zip(first.loss_terms, targs, term_scalars):
-            total = total + t.fn({**fz, **p}, None, **ta, **sc)
-        return total, loss
+        def loss_fn(step: int, work=work, k=k) -> tuple[torch.Tensor, torch.Tensor]:
+            rows, wts = idx[step, :k], w[step, :k]
+            out = logits(work, X[rows])
+            per = F.cross_entropy(out.flatten(0, 1), Y[rows].flatten(), reduction="none").view(k, -1)
+            loss = (per * wts).sum(1)  # each client's mean loss over its real samples
+            total = loss.sum()
+            for term, ta in zip(terms, term_args):
+                total = total + term(work, _rows(ta, k)).sum()
+            return total, loss
 
-    step = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0))
-    totals = torch.zeros(C, dtype=torch.float64)
-    seen = torch.zeros(C, dtype=torch.long)
-    done = torch.zeros(C, dtype=torch.long)
-    x_shape, dev = xs[0].shape[1:], xs[0].device
-    for s in range(S):
-        active = torch.tensor([s < len(p) for p in plans])
-        xb = torch.zeros((C, bs) + tuple(x_shape), dtype=xs[0].dtype, device=dev)
-        yb = torch.zeros((C, bs), dtype=ys[0].dtype, device=dev)
-        mask = torch.zeros((C, bs), device=dev)
-        for c, plan in enumerate(plans):
-            if s < len(plan):
-                idx = plan[s]
-                xb[c, : len(idx)], yb[c, : len(idx)], mask[c, : len(idx)] = xs[c][idx], ys[c][idx], 1.0
-        grads, losses = step(train, frozen, xb, yb, mask, term_args)
-        with torch.no_grad():
-            act = active.to(dev)
-            for n in names:
-                shape = (C,) + (1,) * (train[n].dim() - 1)
-                a = act.view(shape)
-                g = sgd_direction(grads[n], train[n], bufs.get(n), cfg.momentum, cfg.weight_decay,
-                                  ~has_buf[n].view(shape))
-                if use_mom:
-                    bufs[n] = torch.where(a, g, bufs[n])
-                    has_buf[n] |= act
-                train[n] = torch.where(a, train[n] - lr * g, train[n])
-            sizes = mask.sum(1).double().cpu()
-            totals += losses.detach().double().cpu() * sizes
-            seen += sizes.long()
-            done += active.long()
-    results = []
-    for c, spec in enumerate(specs):
-        params = {n: (train[n][c] if n in train else spec.params[n].detach()) for n in spec.params}
-        mom = ({n: bufs[n][c] for n in names if bool(has_buf[n][c])} or None) if use_mom else None
-        k = int(seen[c])
-        results.append(TrainResult(params, mom, float(totals[c] / max(k, 1)) if k else float("nan"), int(done[c]), k))
-    return results
+        loss = client_step(loss_fn, opt, leaves, [b[:k] for b in bufs], s)
+        totals[:k] += loss.double() * (w[s, :k] > 0).sum(1)  # the leaves are views: the stack is updated
+    steps = [len(plans[c]) for c in order]
+    seen = [sum(len(b) for b in plans[c]) for c in order]
+    totals = totals.tolist()
+    results: list[TrainResult | None] = [None] * C
+    for j, c in enumerate(order):
+        spec = specs[c]
+        params = {n: (stack[n][j] if n in names else spec.params[n].detach()) for n in spec.params}
+        if not opt.momentum:
+            mom = None
+        elif steps[j]:
+            mom = {n: b[j] for n, b in zip(names, bufs)}
+        else:
+            mom = {n: kept[i][j].clone() for i, n in enumerate(names) if kept[i][j] is not None} or None
+        results[c] = TrainResult(params, mom, totals[j] / seen[j] if seen[j] else float("nan"), steps[j], seen[j])
+    return results  # type: ignore[return-value]
 
 
 def evaluate_shared(model, params: Params, parts: Sequence[tuple], batch_size: int) -> list[tuple[int, float, int]]:
