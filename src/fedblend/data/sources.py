@@ -34,7 +34,8 @@ from fedblend.common import plugins
 from fedblend.common.errors import DataError, FedblendError
 from fedblend.common.optional import require
 from fedblend.data.raw import RawDataset
-from fedblend.data.synthetic import SIZES as SYNTHETIC, make_synthetic
+from fedblend.data.synthetic import SIZES as SYNTHETIC
+from fedblend.data.synthetic import make_synthetic
 
 ENV_VAR = "FEDBLEND_DATA"
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from fedblend.data.raw import RawDataset
 
-
 #: dataset name -> :func:`make_synthetic` arguments
 SIZES: dict[str, dict] = {
     "synthetic": {},
