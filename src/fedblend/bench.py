@@ -186,7 +186,7 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
         sim.protocol = dataclasses.replace(sim.protocol, every=10**9)
         sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
         sims[b] = sim.__enter__()
-    times = {b: {"train": [], "eval": []} for b in backends}
+    times = {b: {"train": [], "eval": [], "cpu": []} for b in backends}
     acc, samples = {}, []
     try:
         for _ in range(rounds):
@@ -194,7 +194,9 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
                 selected = sample_clients(sim.sampling, fed.num_clients, sim.next_round, sim.tree)
                 if b == backends[0]:
                     samples.append(sum(fed.clients[c].num_train for c in selected) * cfg.train.epochs)
+                c0 = time.process_time()
                 times[b]["train"].append(sim.run_round()["seconds"])
+                times[b]["cpu"].append(time.process_time() - c0)
                 _sync(sim)
                 e0 = time.perf_counter()
                 row = sim.evaluate(sim.next_round - 1)
@@ -208,14 +210,19 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
     peak = measured_peak_flops(device)
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     base = mean(times[backends[0]]["train"][1:] or times[backends[0]]["train"])
+    base_cpu = mean(times[backends[0]]["cpu"][1:] or times[backends[0]]["cpu"])
     out = {"config": cfg.label, "method": cfg.method, "device": device, "threads": torch.get_num_threads(),
            "rounds": rounds, "samples_per_round": mean(samples), "train_flops_per_sample": flops,
            "peak_flops": peak, "backends": {}}
     for b in backends:
         tr = times[b]["train"][1:] or times[b]["train"]  # rounds 2+: the first warms up (allocations, caches)
+        cpu = times[b]["cpu"][1:] or times[b]["cpu"]
         sps = mean(samples) / mean(tr)
         out["backends"][b] = {"train_s_per_round": mean(tr), "eval_s": mean(times[b]["eval"]),
                               "speedup_vs_" + backends[0]: base / mean(tr), "accuracy": acc.get(b),
+                              # CPU seconds of this process (threads and workers' not counted): on a shared
+                              # machine the steadier measure of a one-thread CPU backend
+                              "train_cpu_s_per_round": mean(cpu), "cpu_speedup_vs_" + backends[0]: base_cpu / mean(cpu),
                               "samples_per_s": sps, "fraction_of_peak": sps * flops / peak,
                               "train_s_by_round": times[b]["train"]}
     return {**out, **peak_memory_mib(device)}

@@ -159,18 +159,24 @@ def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tenso
     return functional_call(model, params, (feats,), {"part": "head"}), feats
 
 
-def batch_plan(n: int, batch_size: int, epochs: int, generator: torch.Generator, drop_last: bool = False,
-               steps: int | None = None) -> list[torch.Tensor]:
-    """Every index batch of one piece of local training, drawn up front from the client's stream (the same draws
-    as taking them one by one: an epoch's permutation is drawn whole either way): ``epochs`` passes, or the first
-    ``steps`` batches of as many passes as they need. Empty when there is nothing to train."""
+def batch_rows(n: int, batch_size: int, epochs: int, generator: torch.Generator, drop_last: bool = False,
+               steps: int | None = None) -> tuple[torch.Tensor, list[int]]:
+    """Every index batch of one piece of local training as one ``[steps, batch_size]`` tensor (a partial last
+    batch padded with -1) and each step's batch length, drawn up front from the client's stream: one random
+    permutation per epoch (the batches of :func:`batches`, the same draws); ``epochs`` passes, or the first
+    ``steps`` batches of as many passes as they need. No rows when there is nothing to train."""
     per_epoch = batches_per_epoch(n, batch_size, drop_last)
     if steps is not None:
         epochs = math.ceil(steps / per_epoch) if per_epoch else 0
     if per_epoch == 0 or epochs <= 0 or (steps is not None and steps <= 0):
-        return []
-    plan = list(batches(n, batch_size, epochs, generator, drop_last))
-    return plan[:steps] if steps is not None else plan
+        return torch.empty((0, batch_size), dtype=torch.long), []
+    used = n - n % batch_size if drop_last else n  # samples of an epoch that go into a batch
+    rows = torch.full((epochs, per_epoch * batch_size), -1, dtype=torch.long)
+    for e in range(epochs):
+        rows[e, :used] = torch.randperm(n, generator=generator)[:used]
+    lens = ([batch_size] * (used // batch_size) + ([used % batch_size] if used % batch_size else [])) * epochs
+    rows = rows.view(epochs * per_epoch, batch_size)
+    return (rows[:steps], lens[:steps]) if steps is not None else (rows, lens)
 
 
 def client_step(loss_fn: Callable, opt: SGD, leaves: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],
@@ -194,7 +200,7 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
               batch_size: int | None = None, forward_fn: Forward | None = None) -> TrainResult:
     """Train ``params`` on ``(x, y)`` with SGD; return new tensors (inputs are not modified).
 
-    :func:`client_step` over :func:`batch_plan`'s batches with :class:`~fedblend.core.optim.SGD` (the update of
+    :func:`client_step` over :func:`batch_rows`' batches with :class:`~fedblend.core.optim.SGD` (the update of
     ``torch.optim.SGD``). Loss: cross-entropy plus every term of ``loss_terms``. Only buffers of trained tensors
     are returned (a caller merges them into the ones it keeps). ``forward_fn`` replaces the model's forward pass
     (see :class:`Forward`).
@@ -206,8 +212,8 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
     names = list(params) if wanted is None else [n for n in params if n in wanted]
     work = {k: v.detach().clone() for k, v in params.items()}
     kept = {k: v for k, v in (momentum or {}).items() if k in names} if cfg.momentum else {}
-    plan = batch_plan(len(y), bs, epochs, generator, cfg.drop_last, steps)
-    if not plan:
+    rows, lens = batch_rows(len(y), bs, epochs, generator, cfg.drop_last, steps)
+    if not lens:
         return TrainResult(_detach(work), {k: v.clone() for k, v in kept.items()} or None, float("nan"), 0, 0)
     leaves = [work[n].requires_grad_(True) for n in names]
     bufs = opt.init(leaves, [kept.get(n) for n in names])
@@ -225,12 +231,11 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
                 total = total + term(work, batch)
         return total, loss
 
-    sizes = [len(idx) for idx in plan]
+    rows = rows.to(x.device)
     total = torch.zeros((), dtype=torch.float64, device=x.device)
-    for idx, k in zip(torch.cat(plan).to(x.device).split(sizes), sizes):
-        total += client_step(loss_fn, opt, leaves, bufs, idx).double() * k
-    seen = sum(sizes)
-    return TrainResult(_detach(work), dict(zip(names, bufs)) or None, float(total) / seen, len(plan), seen)
+    for s, k in enumerate(lens):
+        total += client_step(loss_fn, opt, leaves, bufs, rows[s, :k]).double() * k
+    return TrainResult(_detach(work), dict(zip(names, bufs)) or None, float(total) / sum(lens), len(lens), sum(lens))
 
 
 def run_spec(spec: TrainSpec, model: nn.Module, data, cfg: TrainConfig, generator: torch.Generator) -> TrainResult:

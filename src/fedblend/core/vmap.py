@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
-from torch.nn.utils.rnn import pad_sequence
 
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
@@ -39,7 +41,8 @@ from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
 from fedblend.core.optim import SGD
-from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batch_plan, client_step
+from fedblend.core.stacked import stacked_twin, twin_agrees, twin_logits, vmap_logits
+from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batch_rows, client_step
 
 
 def _scalars(term) -> dict:
@@ -76,27 +79,51 @@ def _tensor_args(term, specs: Sequence[TrainSpec], i: int) -> dict:
     return out
 
 
-def _stacked_plan(plans: Sequence[Sequence[torch.Tensor]], offsets: Sequence[int], bs: int, device
-                  ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The clients' batches as two ``[steps, clients, bs]`` tensors: rows of the concatenated data (padding: row
-    0) and each sample's weight in its client's mean loss (``1 / batch length``; padding: 0), and per step the
-    number of clients still training (``plans`` sorted by length, longest first, so those are a prefix)."""
-    S, C = (len(plans[0]) if plans else 0), len(plans)
-    idx = torch.full((C, S, bs), -1, dtype=torch.long)
-    for c, plan in enumerate(plans):
-        if plan:
-            rows = pad_sequence(list(plan), batch_first=True, padding_value=-1)
-            idx[c, : rows.shape[0], : rows.shape[1]] = rows
-    real = idx >= 0
-    w = real / real.sum(-1, keepdim=True).clamp_min(1)
-    idx = torch.where(real, idx + torch.tensor(offsets, dtype=torch.long).view(C, 1, 1), 0)
-    active = [sum(1 for p in plans if len(p) > s) for s in range(S)]
-    return idx.transpose(0, 1).contiguous().to(device), w.transpose(0, 1).contiguous().to(device), active
+#: the batches of at most this many bytes are gathered at once (a chunk of steps; every step at least)
+GATHER_BYTES = 256 * 2**20
+
+
+def _stacked_rows(rows: Sequence[torch.Tensor], offsets: Sequence[int], device) -> torch.Tensor:
+    """The clients' :func:`~fedblend.core.training.batch_rows` as one ``[steps, clients, bs]`` tensor of rows of
+    the concatenated data (client ``c``'s rows shifted by ``offsets[c]``); padding -1 (clients that stop
+    earlier than the longest one: its ``rows`` come first, the list sorted by length)."""
+    S = rows[0].shape[0] if rows else 0
+    idx = torch.full((len(rows), S, rows[0].shape[1] if rows else 0), -1, dtype=torch.long)
+    for c, (r, off) in enumerate(zip(rows, offsets)):
+        idx[c, : r.shape[0]] = torch.where(r >= 0, r + off, r)
+    return idx.transpose(0, 1).contiguous().to(device)
 
 
 def _rows(args: dict, k: int) -> dict:
     """The first ``k`` clients' entries of stacked term arguments (tensors, or dicts of tensors)."""
     return {a: ({n: t[:k] for n, t in v.items()} if isinstance(v, dict) else v[:k]) for a, v in args.items()}
+
+
+#: model -> its stacked twin once checked against vmap (None: vmap), see :mod:`fedblend.core.stacked`
+_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _logits(model) -> Callable | None:
+    """``(stacked params, [k, b, ...] batches) -> [k, b, classes]``: the model's stacked twin where it has one
+    (checked against ``vmap`` on its first batch, :func:`_checked`), else ``vmap`` of the model."""
+    if model in _TWINS:
+        twin = _TWINS[model]
+        return vmap_logits(model) if twin is None else partial(twin_logits, twin)
+    if stacked_twin(model) is None:
+        _TWINS[model] = None
+        return vmap_logits(model)
+    return None  # a twin not checked yet: the first step checks it (_checked)
+
+
+def _checked(model, params, x):
+    twin = stacked_twin(model)
+    with torch.no_grad():
+        ok = twin_agrees(model, twin, {n: v.detach() for n, v in params.items()}, x)
+    _TWINS[model] = twin if ok else None
+    if not ok:
+        warnings.warn(f"backend 'vmap': the stacked form of {type(model).__name__} disagrees with vmap on a batch "
+                      f"(its forward mixes samples?); training it through vmap", RuntimeWarning, stacklevel=3)
+    return _logits(model)
 
 
 def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequence[torch.Generator],
@@ -117,42 +144,51 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     names = list(first.params) if first.trainable is None else [n for n in first.params if n in set(first.trainable)]
     xs = [getattr(d, f"{first.split}_x") for d in datas]
     ys = [getattr(d, f"{first.split}_y") for d in datas]
-    plans = [batch_plan(len(y), bs, epochs, g, cfg.drop_last, first.steps) for y, g in zip(ys, gens)]
-    order = sorted(range(len(specs)), key=lambda c: -len(plans[c]))  # stable: equal lengths keep client order
+    plans = [batch_rows(len(y), bs, epochs, g, cfg.drop_last, first.steps) for y, g in zip(ys, gens)]
+    order = sorted(range(len(specs)), key=lambda c: -len(plans[c][1]))  # stable: equal lengths keep client order
     dev = xs[0].device
-    sizes = [len(ys[c]) for c in order]
-    offsets = [sum(sizes[:i]) for i in range(len(order))]
-    idx, w, active = _stacked_plan([plans[c] for c in order], offsets, bs, dev)
+    offsets = list(accumulate([len(ys[c]) for c in order], initial=0))
+    idx = _stacked_rows([plans[c][0] for c in order], offsets, dev)
+    S, C = idx.shape[0], len(order)
+    active = (torch.tensor([len(plans[c][1]) for c in order]) > torch.arange(S)[:, None]).sum(1).tolist()
+    real = idx >= 0
+    counts = real.sum(-1)  # [steps, clients]: each client's batch length at each step
+    w = real / counts.clamp_min(1).unsqueeze(-1)  # each sample's weight in its client's mean loss
+    idx = idx.clamp_min(0)
     X, Y = torch.cat([xs[c] for c in order]), torch.cat([ys[c] for c in order])
+    chunk = max(1, GATHER_BYTES // max(1, C * bs * X[:1].nbytes))
     stack = {n: torch.stack([specs[c].params[n].detach() for c in order]).clone() for n in first.params}
     kept = [[(specs[c].momentum or {}).get(n) if opt.momentum else None for c in order] for n in names]
     bufs = [torch.stack([torch.zeros_like(stack[n][0]) if k is None else k.to(stack[n]) for k in ks])
             for n, ks in zip(names, kept)] if opt.momentum else []
     term_args = [_tensor_args(t, [specs[c] for c in order], i) for i, t in enumerate(first.loss_terms)]
     term_scalars = [_scalars(t) for t in first.loss_terms]
-    logits = vmap(lambda p, x: functional_call(model, p, (x,)))
+    logits = _logits(model)
     terms = [vmap(lambda p, ta, t=t, sc=sc: t.fn(p, None, **ta, **sc)) for t, sc in zip(first.loss_terms, term_scalars)]
-    C, totals = len(order), torch.zeros(len(order), dtype=torch.float64, device=dev)
+    losses = torch.zeros((S, C), device=dev)  # each client's mean batch loss at each step
     for s, k in enumerate(active):
+        if s % chunk == 0:  # the next chunk of steps' batches, gathered at once
+            xb, yb = X[idx[s : s + chunk]], Y[idx[s : s + chunk]]
         work = {n: v[:k] for n, v in stack.items()}
-        leaves = [work[n].detach().requires_grad_(True) for n in names]
+        leaves = [work[n].detach().requires_grad_(True) for n in names]  # views: updates land in the stack
         work.update(zip(names, leaves))
 
-        def loss_fn(step: int, work=work, k=k) -> tuple[torch.Tensor, torch.Tensor]:
-            rows, wts = idx[step, :k], w[step, :k]
-            out = logits(work, X[rows])
-            per = F.cross_entropy(out.flatten(0, 1), Y[rows].flatten(), reduction="none").view(k, -1)
-            loss = (per * wts).sum(1)  # each client's mean loss over its real samples
+        if logits is None:  # the twin's first use on this model: check it once
+            logits = _checked(model, work, xb[0, :k])
+
+        def loss_fn(j: int, work=work, k=k, s=s, xb=xb, yb=yb, logits=logits) -> tuple[torch.Tensor, torch.Tensor]:
+            out = logits(work, xb[j, :k])
+            per = F.cross_entropy(out.flatten(0, 1), yb[j, :k].flatten(), reduction="none").view(k, -1)
+            loss = (per * w[s, :k]).sum(1)  # each client's mean loss over its real samples
             total = loss.sum()
             for term, ta in zip(terms, term_args):
                 total = total + term(work, _rows(ta, k)).sum()
             return total, loss
 
-        loss = client_step(loss_fn, opt, leaves, [b[:k] for b in bufs], s)
-        totals[:k] += loss.double() * (w[s, :k] > 0).sum(1)  # the leaves are views: the stack is updated
-    steps = [len(plans[c]) for c in order]
-    seen = [sum(len(b) for b in plans[c]) for c in order]
-    totals = totals.tolist()
+        losses[s, :k] = client_step(loss_fn, opt, leaves, [b[:k] for b in bufs], s % chunk)
+    steps = [len(plans[c][1]) for c in order]
+    seen = [sum(plans[c][1]) for c in order]
+    totals = (losses.double() * counts).sum(0).tolist()
     results: list[TrainResult | None] = [None] * C
     for j, c in enumerate(order):
         spec = specs[c]
