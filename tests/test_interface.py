@@ -5,6 +5,7 @@ process backend's failure modes, and the device / backend config fields."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -449,3 +450,35 @@ def test_batched_sgd_equals_sgd_train_per_client_on_ragged_clients(case):
             assert math.isnan(got.mean_loss) and math.isnan(one.mean_loss)
     if case != "steps":
         assert any(r.steps != batched[0].steps for r in batched)  # really ragged
+
+
+def test_bench_backends_times_each_backend_on_the_same_rounds_and_they_agree(capsys, tmp_path):
+    """``fedblend bench --backends sequential,vmap``: both backends run the same rounds, their accuracies agree
+    within float tolerance, speed-ups are relative to the first, the FLOPs and the fraction of the peak are
+    reported; ``scripts/gpu_speed.py`` writes the same as speed.json; a bad list is refused as bad input."""
+    import json
+    import runpy
+
+    from fedblend.cli.main import main
+
+    flags = ["--set", "dataset='synthetic'", "--set", "model='mlp'", "--set", "partition.num_clients=4",
+             "--set", "partition.min_samples=5", "--rounds", "2"]
+    assert main(["bench", *flags, "--backends", "sequential,vmap"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    seq, vm = out["backends"]["sequential"], out["backends"]["vmap"]
+    assert seq["speedup_vs_sequential"] == 1.0 and vm["speedup_vs_sequential"] > 0
+    assert vm["accuracy"] == pytest.approx(seq["accuracy"], abs=1e-3)
+    # MLP 64-50-4: forward and weight gradients 2 x (64*50 + 50*4) FLOPs each, the hidden layer's input gradient
+    # 2 x 50*4 (the first layer's input needs none)
+    assert out["train_flops_per_sample"] == 2 * 2 * (64 * 50 + 50 * 4) + 2 * 50 * 4
+    assert 0 < vm["fraction_of_peak"] < 1 and out["peak_flops"] > 0
+    assert len(seq["train_s_by_round"]) == 2
+    assert main(["bench", *flags, "--backends", "sequential,warp"]) == 2
+    assert "--backends" in capsys.readouterr().err
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('dataset = "synthetic"\nmodel = "mlp"\n[partition]\nnum_clients = 4\nmin_samples = 5\n')
+    mod = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "gpu_speed.py"))
+    assert mod["main"]([str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "--rounds", "1",
+                        "--configs", str(cfg)]) == 0
+    doc = json.loads((tmp_path / "out" / "speed.json").read_text())
+    assert doc["device"] == "cpu" and set(doc["configs"][0]["backends"]) == {"sequential", "vmap"}
