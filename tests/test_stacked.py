@@ -110,3 +110,28 @@ def test_a_forward_that_mixes_samples_fails_the_check_and_trains_through_vmap_as
                         torch.Generator().manual_seed(c))
         for n, t in one.params.items():
             assert torch.allclose(res[c].params[n], t, atol=1e-6), (c, n)
+
+
+@pytest.mark.parametrize("eval_bytes", [None, 1])
+def test_evaluate_stacked_equals_each_client_evaluated_alone(eval_bytes, monkeypatch):
+    """Clients of 1 to 23 samples (and one of none), each with its own model, in chunks of 4 samples, in one
+    group or one client per group: counts exact, summed losses within float tolerance."""
+    import fedblend.core.stacked as st
+    from fedblend.core.evaluation import evaluate_params
+
+    if eval_bytes is not None:
+        monkeypatch.setattr(st, "EVAL_BYTES", eval_bytes)
+    gen = torch.Generator().manual_seed(0)
+    model = build_model("mlp", {"input_shape": (1, 8, 8), "num_classes": 4}, gen)
+    p = _stacked(model, 5, gen)
+    sizes = [7, 23, 1, 0, 12]
+    items = [({n: v[c] for n, v in p.items()}, torch.randn(n, 1, 8, 8, generator=gen),
+              torch.randint(0, 4, (n,), generator=gen)) for c, n in enumerate(sizes)]
+    got = st.evaluate_stacked(vmap_logits(model), items, 4)
+    twin = stacked_twin(model)
+    got_twin = st.evaluate_stacked(lambda q, x: twin_logits(twin, q, x), items, 4)
+    for (params, x, y), a, b in zip(items, got, got_twin):
+        ref = evaluate_params(model, params, x, y, batch_size=4)
+        for g in (a, b):
+            assert g[0] == ref.correct and g[2] == ref.n == len(y)
+            assert g[1] == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)

@@ -98,3 +98,47 @@ def twin_agrees(model: nn.Module, twin: nn.Module, params: dict, x: torch.Tensor
         a = twin_logits(twin, params, x)
         b = vmap_logits(model)(params, x)
     return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+#: padded evaluation data of at most this many bytes is scored at once (a group of clients, at least one)
+EVAL_BYTES = 256 * 2**20
+
+
+@torch.no_grad()
+def evaluate_stacked(logits, items: list[tuple[dict, torch.Tensor, torch.Tensor]],
+                     batch_size: int) -> list[tuple[int, float, int]]:
+    """``(correct, summed loss, n)`` of several clients' *own* models (``items``: params, x, y; same parameter
+    names and shapes), stacked: every chunk of ``batch_size`` samples of every client in one call of ``logits``
+    (:func:`twin_logits` or :func:`vmap_logits`). Clients are taken longest first, in groups whose padded data
+    fits :data:`EVAL_BYTES`; at each chunk only the clients that still have samples are scored."""
+    order = sorted(range(len(items)), key=lambda i: -len(items[i][2]))
+    out: list[tuple[int, float, int] | None] = [None] * len(items)
+    start = 0
+    while start < len(order):
+        size = max(1, len(items[order[start]][2]))
+        per_client = size * max(1, items[order[start]][1][:1].nbytes)
+        group = order[start : start + max(1, EVAL_BYTES // per_client)]
+        start += len(group)
+        params = {n: torch.stack([items[i][0][n] for i in group]) for n in items[group[0]][0]}
+        ns = [len(items[i][2]) for i in group]
+        x0 = items[group[0]][1]
+        X = x0.new_zeros((len(group), size, *x0.shape[1:]))
+        Y = torch.zeros((len(group), size), dtype=torch.long, device=x0.device)
+        for j, i in enumerate(group):
+            X[j, : ns[j]], Y[j, : ns[j]] = items[i][1], items[i][2]
+        real = torch.arange(size, device=x0.device)[None, :] < torch.tensor(ns, device=x0.device)[:, None]
+        correct = torch.zeros(len(group), dtype=torch.long, device=x0.device)
+        loss = torch.zeros(len(group), dtype=torch.float64, device=x0.device)
+        for lo in range(0, size, batch_size):
+            k = sum(1 for n in ns if n > lo)
+            if not k:  # a group of clients without samples
+                break
+            p = {n: v[:k] for n, v in params.items()}
+            o = logits(p, X[:k, lo : lo + batch_size])
+            yb, m = Y[:k, lo : lo + batch_size], real[:k, lo : lo + batch_size]
+            per = F.cross_entropy(o.flatten(0, 1), yb.flatten(), reduction="none").view(k, -1).double()
+            loss[:k] += torch.where(m, per, 0.0).sum(1)
+            correct[:k] += ((o.argmax(-1) == yb) & m).sum(1)
+        for j, i in enumerate(group):
+            out[i] = (int(correct[j]), float(loss[j]), ns[j])
+    return out  # type: ignore[return-value]
