@@ -7,7 +7,9 @@ unchanged in milliseconds.
 Two sizes, by dataset name (:data:`SIZES`): ``synthetic`` (4 classes, 240 training images: unit tests) and
 ``synthetic-64k`` (10 classes, 64,000 training images: the overhead-bound speed proxy of
 ``configs/bench/proxy-*.toml``, where 64 clients of ~1,000 tiny images train an MLP with batches of 10, so a
-round's time is set by the per-step overhead of the training loop, not by its arithmetic).
+round's time is set by the per-step overhead of the training loop, not by its arithmetic) and ``synthetic-1m``
+(10 classes, a million training images: the cross-device scale configs ``configs/scale/synthetic-*.toml``, up to
+100,000 clients of 10 images).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fedblend.data.raw import RawDataset
 SIZES: dict[str, dict] = {
     "synthetic": {},
     "synthetic-64k": {"num_classes": 10, "train_per_class": 6_400, "test_per_class": 1_000},
+    "synthetic-1m": {"num_classes": 10, "train_per_class": 100_000, "test_per_class": 1_000},
 }
 
 
