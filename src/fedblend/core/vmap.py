@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from itertools import accumulate
 
@@ -41,7 +41,7 @@ from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
 from fedblend.core.optim import SGD
-from fedblend.core.stacked import evaluate_stacked, stacked_twin, twin_agrees, twin_logits, vmap_logits
+from fedblend.core.stacked import evaluate_stacked, from_native, stacked_twin, to_native, twin_agrees, twin_logits, vmap_logits
 from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batch_rows, client_step
 
 
@@ -103,34 +103,26 @@ def _rows(args: dict, k: int) -> dict:
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _logits(model) -> Callable | None:
-    """``(stacked params, [k, b, ...] batches) -> [k, b, classes]``: the model's stacked twin where it has one
-    (checked against ``vmap`` on its first batch, :func:`_checked`), else ``vmap`` of the model."""
-    if model in _TWINS:
-        twin = _TWINS[model]
-        return vmap_logits(model) if twin is None else partial(twin_logits, twin)
-    if stacked_twin(model) is None:
-        _TWINS[model] = None
-        return vmap_logits(model)
-    return None  # a twin not checked yet: the first step checks it (_checked)
-
-
-def _checked(model, params, x):
-    twin = stacked_twin(model)
-    with torch.no_grad():
-        ok = twin_agrees(model, twin, {n: v.detach() for n, v in params.items()}, x)
-    _TWINS[model] = twin if ok else None
-    if not ok:
-        warnings.warn(f"backend 'vmap': the stacked form of {type(model).__name__} disagrees with vmap on a batch "
-                      f"(its forward mixes samples?); training it through vmap", RuntimeWarning, stacklevel=3)
-    return _logits(model)
+def _twin(model, params: Params, x: torch.Tensor):
+    """The model's stacked twin, checked against ``vmap`` on its first stacked batch (once per model: the verdict
+    is kept), or None: the model has none, or a forward that mixes samples (see :mod:`fedblend.core.stacked`)."""
+    if model not in _TWINS:
+        twin = stacked_twin(model)
+        if twin is not None and not twin_agrees(model, twin, {n: v.detach() for n, v in params.items()}, x):
+            warnings.warn(f"backend 'vmap': the stacked form of {type(model).__name__} disagrees with vmap on a "
+                          f"batch (its forward mixes samples?); training it through vmap", RuntimeWarning, stacklevel=3)
+            twin = None
+        _TWINS[model] = twin
+    return _TWINS[model]
 
 
 def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequence[torch.Generator],
                 cfg: TrainConfig) -> list[TrainResult]:
     """Run same-signature specs of several clients as one batched SGD: :func:`~fedblend.core.training.client_step`
     on parameters and momentum buffers stacked over clients (one :class:`~fedblend.core.optim.SGD`, as
-    ``sgd_train``), the forward ``vmap``-ed over the clients, each client's mean loss over its real samples.
+    ``sgd_train``), the forward through the model's stacked twin (:mod:`fedblend.core.stacked`; in its own layout
+    when no loss term reads the parameters) or ``vmap``-ed over the clients, each client's mean loss over its real
+    samples.
 
     Every client draws its batches from its own stream as ``sgd_train`` does; clients are ordered by their number
     of steps, so the ones still training at a step are a prefix of the stack, trained through views of it (no
@@ -163,20 +155,23 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             for n, ks in zip(names, kept)] if opt.momentum else []
     term_args = [_tensor_args(t, [specs[c] for c in order], i) for i, t in enumerate(first.loss_terms)]
     term_scalars = [_scalars(t) for t in first.loss_terms]
-    logits = _logits(model)
+    xb, yb = (X[idx[:chunk]], Y[idx[:chunk]]) if S else (None, None)
+    twin = _twin(model, {n: v[: active[0]] for n, v in stack.items()}, xb[0, : active[0]]) if S else None
+    native = twin is not None and not first.loss_terms  # terms see parameters in the model's layout
+    if native:  # linear weights transposed: their gradients come out contiguous (a faster update)
+        bufs = [b.transpose(1, 2).contiguous() if n in twin.native else b for n, b in zip(names, bufs)]
+        stack = to_native(twin, stack)
+    logits = vmap_logits(model) if twin is None else partial(twin_logits, twin, native=native)
     terms = [vmap(lambda p, ta, t=t, sc=sc: t.fn(p, None, **ta, **sc)) for t, sc in zip(first.loss_terms, term_scalars)]
     losses = torch.zeros((S, C), device=dev)  # each client's mean batch loss at each step
     for s, k in enumerate(active):
-        if s % chunk == 0:  # the next chunk of steps' batches, gathered at once
+        if s % chunk == 0 and s:  # the next chunk of steps' batches, gathered at once
             xb, yb = X[idx[s : s + chunk]], Y[idx[s : s + chunk]]
         work = {n: v[:k] for n, v in stack.items()}
         leaves = [work[n].detach().requires_grad_(True) for n in names]  # views: updates land in the stack
         work.update(zip(names, leaves))
 
-        if logits is None:  # the twin's first use on this model: check it once
-            logits = _checked(model, work, xb[0, :k])
-
-        def loss_fn(j: int, work=work, k=k, s=s, xb=xb, yb=yb, logits=logits) -> tuple[torch.Tensor, torch.Tensor]:
+        def loss_fn(j: int, work=work, k=k, s=s, xb=xb, yb=yb) -> tuple[torch.Tensor, torch.Tensor]:
             out = logits(work, xb[j, :k])
             per = F.cross_entropy(out.flatten(0, 1), yb[j, :k].flatten(), reduction="none").view(k, -1)
             loss = (per * w[s, :k]).sum(1)  # each client's mean loss over its real samples
@@ -186,6 +181,9 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             return total, loss
 
         losses[s, :k] = client_step(loss_fn, opt, leaves, [b[:k] for b in bufs], s % chunk)
+    if native:
+        stack = from_native(twin, stack)
+        bufs = [b.transpose(1, 2).contiguous() if n in twin.native else b for n, b in zip(names, bufs)]
     steps = [len(plans[c][1]) for c in order]
     seen = [sum(plans[c][1]) for c in order]
     totals = (losses.double() * counts).sum(0).tolist()
