@@ -137,3 +137,16 @@ class TestAggregationRefusesMismatches:
     def test_weights_count_must_match(self):
         with pytest.raises(ValueError, match="2 models but 3 weights"):
             weighted_average([{"w": torch.zeros(1)}] * 2, [1, 1, 1])
+
+
+class TestWorkerProcessesNameItTheSameWay:
+    """Under the process backend a client half that returns no Message is the same MessageError, raised in the
+    main process, not a RuntimeError wrapping a worker's traceback."""
+
+    @pytest.mark.parametrize("method", [NoReply, ParamsOnly], ids=["None", "dict"])
+    def test_process_backend(self, tiny_fed, method):
+        from fedblend.core.backends import ProcessBackend
+
+        with tiny_sim(tiny_fed, method, rounds=1, backend=ProcessBackend(workers=2, threads=1)) as sim:
+            with pytest.raises(MessageError, match=rf"^{method.name}: client \d's reply in round 1: the reply is "):
+                sim.run_round()
