@@ -242,3 +242,25 @@ class TestBooleansAreBooleans:
         with pytest.raises(TypeError, match="^stop_after must be an int or None"):
             run_experiment(load(TINY), tmp_path / "b", stop_after=bad)
         assert list(tmp_path.iterdir()) == []
+
+
+class TestOpenRunReadsDamagedSummaries:
+    """open_run over a summary.json that is not a JSON object is the one-line UserFileError naming the file; one
+    whose accuracy has the wrong type still opens and prints (its repr shows the value as it is)."""
+
+    @pytest.mark.parametrize("text, fragment", [("", "is empty"), ("{", "is not valid JSON"),
+                                                ("[1]", "holds a JSON list, not an object")])
+    def test_not_an_object(self, tmp_path, text, fragment):
+        from fedblend.common.errors import UserFileError
+
+        (tmp_path / "metrics.jsonl").write_text('{"round": 1, "acc": 0.5}\n')
+        (tmp_path / "summary.json").write_text(text)
+        with pytest.raises(UserFileError, match=fragment) as exc:
+            open_run(tmp_path)
+        assert str(tmp_path / "summary.json") in str(exc.value)
+
+    @pytest.mark.parametrize("acc", ["0.93", [0.9], None, True])
+    def test_wrong_accuracy_type_still_prints(self, tmp_path, acc):
+        (tmp_path / "metrics.jsonl").write_text('{"round": 1, "acc": 0.5}\n')
+        (tmp_path / "summary.json").write_text(json.dumps({"method": "fedavg", "seed": 0, "best_accuracy": acc}))
+        assert f"best accuracy {acc!r}" in repr(open_run(tmp_path))

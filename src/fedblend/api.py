@@ -42,6 +42,7 @@ from typing import Any
 
 from fedblend.common.argtypes import bool_arg, int_arg, overrides_arg, path_arg
 from fedblend.common.errors import ConfigError
+from fedblend.common.jsonio import read_json_object
 from fedblend.config import LogConfig, RunConfig, apply_overrides, config_from_dict, load_config
 from fedblend.core.evaluation import EvalProtocol, client_accuracies
 from fedblend.core.sampling import SamplingConfig
@@ -176,8 +177,9 @@ class RunResult:
     def __repr__(self) -> str:
         s = self.summary
         acc = s.get("best_accuracy")
+        shown = round(acc, 4) if isinstance(acc, (int, float)) and not isinstance(acc, bool) else repr(acc)
         return (f"RunResult({s.get('method')!r} seed {s.get('seed')}, {len(self.history)} rounds, best accuracy "
-                f"{acc if acc is None else round(acc, 4)}, out={str(self.out)!r})")
+                f"{shown}, out={str(self.out)!r})")
 
 
 def _key(model: str) -> str:
@@ -191,7 +193,8 @@ def open_run(out: str | Path) -> RunResult:
     out = path_arg(out, "out", optional=False)
     if not (out / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{out}: no metrics.jsonl (not a run directory)")
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    fix = f"leave {out} out, or run it again (summary.json is written at the end of a run)"
+    summary = read_json_object(out / "summary.json", fix) if (out / "summary.json").exists() else {}
     cfg = None
     if (out / "config.toml").exists():
         try:
