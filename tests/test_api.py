@@ -128,3 +128,139 @@ def test_notebook_example_builds_a_dict_runs_it_and_plots_per_client_accuracies(
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out / "per_client_accuracy.png").stat().st_size > 10_000
     assert (out / "accuracy.png").exists() and "RunResult('fedala'" in res.stdout
+
+
+# ------------------------------------------------------------------------------------------------ argument types
+WRONG_PATHS = [123, 1.5, ["a.toml"], b"a.toml", object()]
+WRONG_BOOLS = ["no", "yes", 0, 1, None, 1.0]
+
+
+def _ids(v):
+    return f"{type(v).__name__}"
+
+
+class TestPathArgumentsRefuseOtherKinds:
+    """A path argument given a number, a list, bytes (or None where a path is required) is a TypeError naming the
+    argument and what it accepts, raised before anything is read, run or written."""
+
+    @pytest.mark.parametrize("bad", WRONG_PATHS, ids=_ids)
+    @pytest.mark.parametrize("where", ["fedblend.config", "fedblend"])
+    def test_load_config_path(self, bad, where):
+        import importlib
+
+        fn = importlib.import_module(where).load_config
+        with pytest.raises(TypeError, match=r"load_config's path must be a path \(str or os.PathLike\) or None, got "):
+            fn(bad)
+
+    @pytest.mark.parametrize("bad", WRONG_PATHS, ids=_ids)
+    def test_run_config(self, bad, tmp_path):
+        with pytest.raises(TypeError, match="config must be a TOML file path"):
+            fedblend.run(bad, out=tmp_path / "r")
+        assert not (tmp_path / "r").exists()
+
+    @pytest.mark.parametrize("arg", ["out", "data_dir"])
+    @pytest.mark.parametrize("bad", WRONG_PATHS, ids=_ids)
+    def test_run_out_and_data_dir(self, arg, bad, tmp_path, monkeypatch):
+        monkeypatch.chdir(tmp_path)  # the old code ran with a wrong data_dir and wrote under ./runs
+        kw = {"out": tmp_path / "r", arg: bad}
+        with pytest.raises(TypeError, match=rf"^{arg} must be a path \(str or os.PathLike\) or None, got "):
+            fedblend.run(TINY, **kw)
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("bad", WRONG_PATHS + [None], ids=_ids)
+    def test_run_experiment_out_dir(self, bad, tmp_path, monkeypatch):
+        from fedblend.experiment import run_experiment
+
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(TypeError, match=r"^out_dir must be a path \(str or os.PathLike\), got "):
+            run_experiment(load(TINY), bad)
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("bad", WRONG_PATHS, ids=_ids)
+    def test_run_experiment_data_dir_and_open_run(self, bad, tmp_path):
+        from fedblend.experiment import run_experiment
+
+        with pytest.raises(TypeError, match=r"^data_dir must be a path"):
+            run_experiment(load(TINY), tmp_path / "r", data_dir=bad)
+        assert not (tmp_path / "r").exists()
+        with pytest.raises(TypeError, match=r"^out must be a path \(str or os.PathLike\), got "):
+            open_run(bad)
+
+    def test_paths_as_str_and_pathlike_still_work(self, tmp_path):
+        toml = tmp_path / "c.toml"
+        toml.write_text('dataset = "synthetic"\nrounds = 2\n')
+        assert fedblend.load_config(toml).rounds == 2 and fedblend.load_config(str(toml)).rounds == 2
+        assert fedblend.load_config(None, ("rounds=4",)).rounds == 4
+
+
+class TestOverridesAreAListNotAString:
+    """A string where a list of overrides is expected is refused (it used to be iterated character by
+    character), and so is anything else that is not a list of strings (a dict only where the API takes one)."""
+
+    @pytest.mark.parametrize("bad, fragment", [
+        ("rounds=3", "got the string 'rounds=3' (for one override: ['rounds=3'])"),
+        (3, "got int 3"),
+        (["rounds=3", 5], "but it holds int 5"),
+        ([b"rounds=3"], "but it holds bytes"),
+        ({"rounds": 3}, "got dict"),
+    ])
+    def test_load_config_overrides(self, bad, fragment):
+        with pytest.raises(TypeError, match="load_config's overrides must be a list of 'key=value' strings") as exc:
+            fedblend.load_config(None, bad)
+        assert fragment in str(exc.value)
+
+    @pytest.mark.parametrize("bad", ["rounds=3", 3, ["rounds=3", None]], ids=_ids)
+    def test_load_and_run_overrides(self, bad, tmp_path):
+        with pytest.raises(TypeError, match="overrides must be a list of 'key=value' strings or a dict"):
+            load(TINY, bad)
+        with pytest.raises(TypeError, match="overrides must be a list of 'key=value' strings or a dict"):
+            fedblend.run(TINY, out=tmp_path / "r", overrides=bad)
+        assert not (tmp_path / "r").exists()
+
+
+class TestBooleansAreBooleans:
+    """``resume`` / ``force`` take True or False only: ``"no"`` is truthy and would resume; numbers and None are
+    refused alike. ``threads`` and ``stop_after`` take ints."""
+
+    @pytest.mark.parametrize("arg", ["resume", "force"])
+    @pytest.mark.parametrize("bad", WRONG_BOOLS, ids=_ids)
+    def test_run_and_run_experiment(self, arg, bad, tmp_path):
+        from fedblend.experiment import run_experiment
+
+        with pytest.raises(TypeError, match=f"^{arg} must be True or False, got "):
+            fedblend.run(TINY, out=tmp_path / "a", **{arg: bad})
+        with pytest.raises(TypeError, match=f"^{arg} must be True or False, got "):
+            run_experiment(load(TINY), tmp_path / "b", **{arg: bad})
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("bad", ["2", 2.0, True], ids=_ids)
+    def test_ints(self, bad, tmp_path):
+        from fedblend.experiment import run_experiment
+
+        with pytest.raises(TypeError, match="^threads must be an int or None"):
+            fedblend.run(TINY, out=tmp_path / "a", threads=bad)
+        with pytest.raises(TypeError, match="^stop_after must be an int or None"):
+            run_experiment(load(TINY), tmp_path / "b", stop_after=bad)
+        assert list(tmp_path.iterdir()) == []
+
+
+class TestOpenRunReadsDamagedSummaries:
+    """open_run over a summary.json that is not a JSON object is the one-line UserFileError naming the file; one
+    whose accuracy has the wrong type still opens and prints (its repr shows the value as it is)."""
+
+    @pytest.mark.parametrize("text, fragment", [("", "is empty"), ("{", "is not valid JSON"),
+                                                ("[1]", "holds a JSON list, not an object")])
+    def test_not_an_object(self, tmp_path, text, fragment):
+        from fedblend.common.errors import UserFileError
+
+        (tmp_path / "metrics.jsonl").write_text('{"round": 1, "acc": 0.5}\n')
+        (tmp_path / "summary.json").write_text(text)
+        with pytest.raises(UserFileError, match=fragment) as exc:
+            open_run(tmp_path)
+        assert str(tmp_path / "summary.json") in str(exc.value)
+
+    @pytest.mark.parametrize("acc", ["0.93", [0.9], None, True])
+    def test_wrong_accuracy_type_still_prints(self, tmp_path, acc):
+        (tmp_path / "metrics.jsonl").write_text('{"round": 1, "acc": 0.5}\n')
+        (tmp_path / "summary.json").write_text(json.dumps({"method": "fedavg", "seed": 0, "best_accuracy": acc}))
+        assert f"best accuracy {acc!r}" in repr(open_run(tmp_path))

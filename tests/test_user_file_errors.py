@@ -303,6 +303,86 @@ def test_malformed_summary_in_report(tmp_path, capsys, finished_run, kind):
     one_error_line(capsys, ["report", str(run)], 2, str(run / "summary.json"), match, "leave")
 
 
+#: summaries that parse but hold a field the table cannot use: (edit, what the skipped line says)
+WRONG_FIELDS = {
+    "accuracy as a string": (lambda d: d.update(best_accuracy="0.93"), "'best_accuracy' is a str ('0.93'), not a number"),
+    "accuracy as a list": (lambda d: d.update(final_accuracy=[0.9]), "'final_accuracy' is a list ([0.9]), not a number"),
+    "accuracy as a bool": (lambda d: d.update(best_accuracy=True), "'best_accuracy' is a bool (True), not a number"),
+    "seed as a string": (lambda d: d.update(seed="0"), "'seed' is a str ('0'), not an integer"),
+    "rounds as a float": (lambda d: d.update(rounds=2.5), "'rounds' is a float (2.5), not an integer"),
+    "method as a number": (lambda d: d.update(method=3), "'method' is a int (3), not a string"),
+    "seconds as text": (lambda d: d.update(seconds_per_round="1s"), "'seconds_per_round' is a str ('1s')"),
+    "global accuracy as text": (lambda d: d.update(global_best_accuracy="x"), "'global_best_accuracy' is a str"),
+    "target rounds as text": (lambda d: d.update(rounds_to_target="5"), "'rounds_to_target' is a str ('5')"),
+    "run as a string": (lambda d: d.update(run="x"), "'run' is a str, not an object"),
+    "no best_accuracy": (lambda d: d.pop("best_accuracy"), "has no 'best_accuracy'"),
+    "no method": (lambda d: d.pop("method"), "has no 'method'"),
+}
+
+
+class TestReportSkipsASummaryItCannotUse:
+    """A finished run whose summary.json parses but lacks a field or holds one of the wrong type is left out of
+    the report with one line naming the file and the field; the other runs are reported (exit 0), never a
+    traceback. Alone, it is the report's one error line (exit 2)."""
+
+    @pytest.mark.parametrize("kind", sorted(WRONG_FIELDS))
+    def test_the_rest_is_reported(self, tmp_path, capsys, finished_run, kind):
+        edit, fragment = WRONG_FIELDS[kind]
+        good, bad = tmp_path / "runs" / "good", tmp_path / "runs" / "bad"
+        shutil.copytree(finished_run, good)
+        shutil.copytree(finished_run, bad)
+        _edit(edit)(bad / "summary.json")
+        capsys.readouterr()
+        assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+        out, err = capsys.readouterr()
+        skipped = [x for x in out.splitlines() if x.startswith("skipped ")]
+        assert len(skipped) == 1 and str(bad / "summary.json") in skipped[0] and fragment in skipped[0], skipped
+        assert "Traceback" not in out + err and str(good) not in "".join(skipped)
+        assert "| synthetic-dirichlet-fedavg |" in out and " | 1 | 2 |" in out  # the good run: 1 seed, 2 rounds
+        assert fragment in (tmp_path / "rep" / "table.md").read_text()
+
+    def test_one_line_per_skipped_run(self, tmp_path, capsys, finished_run):
+        for name in ("good", "bad1", "bad2"):
+            shutil.copytree(finished_run, tmp_path / "runs" / name)
+        _edit(lambda d: d.update(best_accuracy="0.9"))(tmp_path / "runs" / "bad1" / "summary.json")
+        _edit(lambda d: d.update(seed=None))(tmp_path / "runs" / "bad2" / "summary.json")
+        capsys.readouterr()
+        assert main(["report", str(tmp_path / "runs"), "--no-plots"]) == 0
+        skipped = [x for x in capsys.readouterr().out.splitlines() if x.startswith("skipped ")]
+        assert len(skipped) == 2 and "bad1" in skipped[0] and "'seed' is null" in skipped[1], skipped
+
+    @pytest.mark.parametrize("kind", ["accuracy as a string", "seed as a string", "no best_accuracy"])
+    def test_alone_it_is_the_one_error_line(self, tmp_path, capsys, finished_run, kind):
+        edit, fragment = WRONG_FIELDS[kind]
+        run = tmp_path / "run"
+        shutil.copytree(finished_run, run)
+        _edit(edit)(run / "summary.json")
+        one_error_line(capsys, ["report", str(run)], 2, str(run / "summary.json"), fragment, "leave")
+
+
+class TestTheAccuracyFigureSkipsRoundsWithoutAccuracy:
+    """The run's accuracy figure over metrics rows whose accuracy is null or not a number (or whose round is not
+    an integer) draws the other rounds and warns one line per round left out, never ``int * NoneType``."""
+
+    @pytest.mark.parametrize("value", [None, "0.5", [0.5], {"acc": 0.5}], ids=["null", "str", "list", "dict"])
+    def test_other_rounds_drawn(self, tmp_path, finished_run, value):
+        pytest.importorskip("matplotlib")
+        from fedblend.figures import plot_run_accuracy
+
+        run = tmp_path / "run"
+        shutil.copytree(finished_run, run)
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        rows[0].update(acc=value, global_acc=value)
+        rows.append({**rows[-1], "round": "3"})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.warns(RuntimeWarning) as record:
+            path = plot_run_accuracy(run, tmp_path / "acc.png")
+        lines = [str(w.message) for w in record if "left out of the accuracy figure" in str(w.message)]
+        assert path.exists() and len(lines) == 2, lines
+        assert f"round 1: acc is {value!r}, not a number" in lines[0]
+        assert "row 3: round is '3', not an integer" in lines[1]
+
+
 # ------------------------------------------------------------------------------------------ a full disk
 def _full_at(monkeypatch, name: str) -> None:
     """The first write of a file called ``name`` fails as on a full disk (ENOSPC), as the OS reports it."""

@@ -419,3 +419,33 @@ def test_dotted_keys_flattens_nested_tables_once_for_config_report_and_tracking(
     assert dotted_keys({"a": 1, "t": {"b": [1, 2], "u": {"c": None}}}) == {"a": 1, "t.b": [1, 2], "t.u.c": None}
     assert dotted_keys(None) == {} and dotted_keys({}, "x.") == {}
     assert all(m.dotted_keys is dotted_keys for m in (report_mod, config_mod, tracking_mod))
+
+
+class TestSweepExitCodes:
+    """A sweep exits as every command does: 2 for bad input (a run refused because its directory holds another
+    config's finished run or inputs, or busy), 1 for a fault (a failed run), 0 when every run is done."""
+
+    @pytest.mark.parametrize("actions, rcs, code", [
+        (["refuse"], [], 2),
+        (["refuse", "skip"], [], 2),
+        (["skip", "refuse", "refuse"], [], 2),
+        (["busy"], [], 2),
+        (["refuse", "start"], [1], 2),
+        (["start"], [1], 1),
+        (["skip", "start"], [0], 0),
+        (["start"], [130], 130),
+    ])
+    def test_exit_code_of_the_runs(self, actions, rcs, code):
+        from fedblend.cli.sweep import SweepRun, exit_code
+
+        runs = [SweepRun("c.toml", [], i, Path(f"o/{i}"), "c", action=a) for i, a in enumerate(actions)]
+        assert exit_code(runs, rcs) == code
+
+    def test_a_finished_run_of_another_config_is_refused_with_exit_2(self, tmp_path, capsys):
+        cfg_path, out = _config(tmp_path), tmp_path / "sw"
+        run_experiment(load_config(cfg_path, ["train.lr=0.1"]), out / "tiny-fedavg" / "seed0")
+        before = (out / "tiny-fedavg" / "seed0" / "summary.json").read_bytes()
+        assert main(["sweep", str(cfg_path), "--seeds", "0", "--out", str(out), "--no-plots"]) == 2
+        text = capsys.readouterr().out
+        assert "[REFUSED] tiny-fedavg seed 0:" in text and "another config" in text
+        assert (out / "tiny-fedavg" / "seed0" / "summary.json").read_bytes() == before

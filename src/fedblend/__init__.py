@@ -11,7 +11,7 @@ From Python or a notebook: ``result = fedblend.run({"method": "fedala", "dataset
 __version__ = "0.1.0"
 
 #: the notebook / Python API (``fedblend.api``), loaded on first use so ``import fedblend`` stays light
-_API = ("run", "load", "open_run", "RunResult")
+_API = ("run", "load", "load_config", "open_run", "RunResult")
 
 
 def __getattr__(name: str):

@@ -14,10 +14,11 @@ client's results.
     result.per_client()                  # [{round, client, correct, n, accuracy, model}, ...] every evaluation
 
 ``config`` is a TOML file path, a dict (nested tables as in TOML, or dotted keys: ``{"train.lr": 0.05}``), a
-:class:`~fedblend.config.RunConfig` (a dataclass: ``RunConfig(method="fedprox", train=TrainConfig(lr=0.05))``)
-or any dataclass with the same fields; ``overrides`` is a dict or ``--set``-style ``"key=value"`` strings. The
-config goes through the same validation as the command line, so a bad field raises the
-:class:`~fedblend.common.errors.ConfigError` whose message ``fedblend run`` prints (``fedblend: error:
+:class:`~fedblend.config.RunConfig` (a dataclass: ``RunConfig(method="fedprox", train=TrainConfig(lr=0.05))``) or
+any dataclass with the same fields; ``overrides`` is a dict or a list of ``--set``-style ``"key=value"`` strings. A
+wrong *kind* of argument (a number for a path, one string for the overrides, ``resume="no"``) is a ``TypeError``
+naming it, before anything runs. The config goes through the same validation as the command line, so a bad field
+raises the :class:`~fedblend.common.errors.ConfigError` whose message ``fedblend run`` prints (``fedblend: error:
 <message>``). The run writes the same results directory (``out``, default ``runs/<label>-seed<N>`` as ``fedblend
 run`` without ``--out``) and uses one torch thread by default, as ``fedblend run`` and ``sweep`` do (restored
 afterwards).
@@ -32,13 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedblend.common.argtypes import bool_arg, int_arg, overrides_arg, path_arg
 from fedblend.common.errors import ConfigError
+from fedblend.common.jsonio import read_json_object
 from fedblend.config import LogConfig, RunConfig, apply_overrides, config_from_dict, load_config
 from fedblend.core.evaluation import EvalProtocol, client_accuracies
 from fedblend.core.sampling import SamplingConfig
@@ -47,7 +51,7 @@ from fedblend.data.federated import PartitionSpec
 from fedblend.progress import Progress
 
 __all__ = ["EvalProtocol", "LogConfig", "PartitionSpec", "RunConfig", "RunResult", "SamplingConfig", "TrainConfig",
-           "load", "open_run", "run"]
+           "load", "load_config", "open_run", "run"]
 
 ConfigLike = str | Path | Mapping[str, Any] | RunConfig | Any
 
@@ -55,7 +59,9 @@ ConfigLike = str | Path | Mapping[str, Any] | RunConfig | Any
 def load(config: ConfigLike = None, overrides: Mapping[str, Any] | list[str] | None = None) -> RunConfig:
     """A validated :class:`RunConfig` from a TOML path, a dict, a ``RunConfig`` or another dataclass, with
     ``overrides`` applied (a dict of dotted keys, or ``"key=value"`` strings as ``--set`` takes them)."""
-    if config is None or isinstance(config, (str, Path)):
+    overrides = overrides_arg(overrides, "overrides", mapping=True)
+    if config is None or isinstance(config, (str, os.PathLike)):
+        config = path_arg(config, "config")
         raw_overrides = _override_strings(overrides)
         if isinstance(overrides, Mapping):  # typed values, no TOML round trip
             cfg = load_config(config, [])
@@ -68,7 +74,8 @@ def load(config: ConfigLike = None, overrides: Mapping[str, Any] | list[str] | N
     elif isinstance(config, Mapping):
         raw = _nest(dict(config))
     else:
-        raise ConfigError(f"config must be a TOML file path, a dict or a RunConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a TOML file path (str or os.PathLike), a dict, a RunConfig or another "
+                        f"dataclass, got {type(config).__name__} {config!r:.60}")
     if isinstance(overrides, Mapping):
         raw = _merge(raw, _nest(dict(overrides)))
     elif overrides:
@@ -77,11 +84,7 @@ def load(config: ConfigLike = None, overrides: Mapping[str, Any] | list[str] | N
 
 
 def _override_strings(overrides) -> list[str]:
-    if overrides is None or isinstance(overrides, Mapping):
-        return []
-    if isinstance(overrides, str):
-        raise ConfigError(f"overrides must be a dict or a list of 'key=value' strings, got the string {overrides!r}")
-    return list(overrides)
+    return [] if isinstance(overrides, Mapping) else list(overrides)
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -174,8 +177,9 @@ class RunResult:
     def __repr__(self) -> str:
         s = self.summary
         acc = s.get("best_accuracy")
+        shown = round(acc, 4) if isinstance(acc, (int, float)) and not isinstance(acc, bool) else repr(acc)
         return (f"RunResult({s.get('method')!r} seed {s.get('seed')}, {len(self.history)} rounds, best accuracy "
-                f"{acc if acc is None else round(acc, 4)}, out={str(self.out)!r})")
+                f"{shown}, out={str(self.out)!r})")
 
 
 def _key(model: str) -> str:
@@ -186,10 +190,11 @@ def _key(model: str) -> str:
 
 def open_run(out: str | Path) -> RunResult:
     """The :class:`RunResult` of a results directory written earlier (by ``fedblend run``, a sweep or :func:`run`)."""
-    out = Path(out)
+    out = path_arg(out, "out", optional=False)
     if not (out / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{out}: no metrics.jsonl (not a run directory)")
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    fix = f"leave {out} out, or run it again (summary.json is written at the end of a run)"
+    summary = read_json_object(out / "summary.json", fix) if (out / "summary.json").exists() else {}
     cfg = None
     if (out / "config.toml").exists():
         try:
@@ -265,6 +270,8 @@ def run(config: ConfigLike = None, out: str | Path | None = None, *, data_dir: s
 
     from fedblend.experiment import default_out_dir, run_experiment
 
+    out, data_dir = path_arg(out, "out"), path_arg(data_dir, "data_dir")
+    resume, force, threads = bool_arg(resume, "resume"), bool_arg(force, "force"), int_arg(threads, "threads")
     cfg = load(config, overrides)
     if threads is not None and threads < 1:
         raise ConfigError(f"threads must be >= 1, got {threads}")

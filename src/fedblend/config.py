@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, parse_method
+from fedblend.common.argtypes import overrides_arg, path_arg
 from fedblend.common.files import sha256_tree
 from fedblend.common.jsonio import dotted_keys
 from fedblend.common.options import ConfigError, check_value, file_fields, from_table, to_table
@@ -370,9 +371,14 @@ def _plain(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """The validated :class:`RunConfig` of the TOML file ``path`` (None: the defaults) with ``overrides``, a list
+    of ``--set``-style ``"key=value"`` strings, applied. A wrong kind of argument (a number or bytes for the
+    path, one string for the overrides) is a ``TypeError`` naming it (:mod:`fedblend.common.argtypes`)."""
+    path = path_arg(path, "load_config's path")
+    overrides = overrides_arg(overrides, "load_config's overrides")
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
+        p = path
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
         if not p.is_file():

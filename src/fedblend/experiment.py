@@ -51,6 +51,7 @@ import torch
 
 import fedblend
 from fedblend.common import files
+from fedblend.common.argtypes import bool_arg, int_arg, path_arg
 from fedblend.common.errors import (
     CheckpointMismatchError,
     ConfigError,
@@ -454,7 +455,12 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     checked like a loaded one), and ``out_dir`` is locked for the whole run (:class:`fedblend.rundir.DirLock`:
     a second writer is refused with :class:`~fedblend.rundir.RunLockedError`).
     """
-    out = Path(out_dir)
+    out = path_arg(out_dir, "out_dir", optional=False)
+    data_dir = path_arg(data_dir, "data_dir")
+    resume, force = bool_arg(resume, "resume"), bool_arg(force, "force")
+    stop_after = int_arg(stop_after, "stop_after")
+    if command is not None and not isinstance(command, str):
+        raise TypeError(f"command must be a str or None, got {type(command).__name__}")
     cfg = check_config(cfg)
     check_backend(cfg, backend)
     check_model_fits(cfg.model, cfg.dataset)

@@ -83,11 +83,17 @@ def read_rows(run: Path) -> list[dict]:
 
 
 def run_config(run: Path) -> dict:
-    """A run directory's resolved config (``summary.json``'s, else ``config.toml``), {} if neither."""
+    """A run directory's resolved config (``summary.json``'s, else ``config.toml``), {} if neither (or neither
+    can be read: a figure's title is no reason to fail)."""
     s = Path(run) / "summary.json"
     if s.exists():
-        cfg = (json.loads(s.read_text()).get("run") or {}).get("config")
-        if cfg:
+        try:
+            summary = json.loads(s.read_text())
+        except (OSError, ValueError):
+            summary = None
+        run_info = summary.get("run") if isinstance(summary, dict) else None
+        cfg = run_info.get("config") if isinstance(run_info, dict) else None
+        if cfg and isinstance(cfg, dict):
             return cfg
     c = Path(run) / "config.toml"
     if c.exists():
@@ -129,13 +135,16 @@ def run_figure(run: Path):
     plt = _pyplot()
     run = Path(run)
     cfg = run_config(run)
-    rows = [r for r in read_rows(run) if "acc" in r]
+    rows, skipped = evaluated_rows(read_rows(run))
+    for line in skipped:  # one line per round left out, never a traceback
+        warnings.warn(f"{run / 'metrics.jsonl'}: {line}: left out of the accuracy figure", RuntimeWarning,
+                      stacklevel=2)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     marker = "." if len(rows) < 30 else None
     pts = [(r["round"], 100 * r["acc"]) for r in rows]
     if pts:
         ax.plot(*zip(*pts), marker=marker, color="tab:blue", label="personalized (pooled)")
-    per = [(r["round"], list(client_accuracies(r).values())) for r in rows if r.get("per_client")]
+    per = [(r["round"], _client_accs(r)) for r in rows if r.get("per_client")]
     per = [(t, a) for t, a in per if a]
     if per:
         rr = [t for t, _ in per]
@@ -143,7 +152,7 @@ def run_figure(run: Path):
                         [100 * float(np.percentile(a, 90)) for _, a in per], color="tab:blue", alpha=0.15,
                         label="clients: 10th-90th percentile")
         ax.plot(rr, [100 * min(a) for _, a in per], ls=":", color="tab:blue", label="worst client")
-    gpts = [(r["round"], 100 * r["global_acc"]) for r in rows if r.get("global_acc") is not None]
+    gpts = [(r["round"], 100 * r["global_acc"]) for r in rows if _number(r.get("global_acc"))]
     if gpts:
         ax.plot(*zip(*gpts), marker=marker, color="tab:orange", label="global model (pooled)")
     ax.set_xlabel("round")
@@ -161,13 +170,43 @@ def run_figure(run: Path):
     return fig
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def evaluated_rows(rows: list) -> tuple[list[dict], list[str]]:
+    """The metrics rows a figure can draw -- evaluated rounds (an integer ``round``, a numeric ``acc``) -- and
+    one line per evaluated-looking row left out (``"round 3: acc is None, not a number"``); rounds that were not
+    evaluated (no ``acc``) are neither."""
+    keep, skipped = [], []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or "acc" not in r:
+            continue
+        where = f"round {r['round']}" if isinstance(r.get("round"), int) else f"row {i + 1}"
+        if not isinstance(r.get("round"), int):
+            skipped.append(f"{where}: round is {r.get('round')!r}, not an integer")
+        elif not _number(r["acc"]):
+            skipped.append(f"{where}: acc is {r['acc']!r}, not a number")
+        else:
+            keep.append(r)
+    return keep, skipped
+
+
+def _client_accs(row: dict, key: str = "per_client") -> list[float]:
+    """A row's per-client accuracies ([] where its per-client counts are not lists of numbers)."""
+    try:
+        return list(client_accuracies(row, key).values())
+    except (TypeError, AttributeError, ZeroDivisionError):
+        return []
+
+
 def final_client_accuracies(dirs: Sequence[str | Path], key: str = "per_client") -> list[float]:
     """Every client's accuracy at the last evaluated round of each run in ``dirs`` (pooled over the runs)."""
     out: list[float] = []
     for d in dirs:
-        rows = [r for r in read_rows(Path(d)) if r.get(key)]
+        rows = [r for r in read_rows(Path(d)) if isinstance(r, dict) and r.get(key)]
         if rows:
-            out += list(client_accuracies(rows[-1], key).values())
+            out += _client_accs(rows[-1], key)
     return out
 
 

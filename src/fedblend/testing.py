@@ -19,6 +19,10 @@ clients (no files needed, a few seconds):
 * ``test_partial_participation_and_shared_names``: half the clients per round; each client receives exactly
   the state its previous exchange returned; replies carry only the method's shared parameter names, and all of
   them; a client never contacted holds no state;
+* ``test_replies_keep_the_contract``: every training reply is a Message whose model parameters have the model's
+  shapes and a floating dtype, whose parameter records name nothing the model lacks (beyond the method's
+  ``extra_entries``) and whose ``num_samples`` is positive (:mod:`fedblend.core.replies`: the check the engine
+  runs before every aggregation, here as a test of its own that names each offending entry);
 * ``test_evaluation_leaves_states_unchanged``: evaluating twice gives the same numbers and changes no server or
   client state, and the states survive the state codec (they are data);
 * ``test_client_half_needs_only_its_own_data``: the client half run with only its own client's data gives the
@@ -51,14 +55,15 @@ from fedblend.core.client import ClientRuntime
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import Method
+from fedblend.core.replies import reply_errors, where_reply
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData, PartitionSpec, build_federated
 from fedblend.data.synthetic import make_synthetic
 
 __all__ = ["MethodContract", "check_client_half_isolated", "check_device", "check_evaluation_leaves_states_unchanged",
-           "check_partial_participation", "check_process_backend_equals_sequential", "check_rounds_resume_and_loss",
-           "one_thread", "same_state", "tiny_federation", "tiny_sim", "without_timings"]
+           "check_partial_participation", "check_process_backend_equals_sequential", "check_replies",
+           "check_rounds_resume_and_loss", "one_thread", "same_state", "tiny_federation", "tiny_sim", "without_timings"]
 
 MethodLike = str | type[Method]
 
@@ -186,6 +191,34 @@ def check_partial_participation(method: MethodLike, fed: FederatedData, options=
     assert all(c not in sim.store for c in never), "a client never contacted holds a state"
 
 
+class _ReplyChecking(SequentialBackend):
+    """The sequential backend, holding every training reply to the reply contract as it comes back (before the
+    engine sees it), and failing the test with each offending entry named."""
+
+    def start(self, method, run, data, tree):
+        super().start(method, run, data, tree)
+        self.method, self.run_info, self.data = method, run, data
+
+    def run(self, jobs):
+        results = super().run(jobs)
+        traits = self.method.traits
+        for job, res in zip(jobs, results):
+            if job.phase == "evaluate" or res is None:
+                continue
+            errors = reply_errors(res.reply, self.run_info.init_params, traits.param_records, traits.extra_entries,
+                                  self.data[job.cid].num_train)
+            assert not errors, f"{where_reply(self.method.label, job.cid, job.rnd, job.phase)}: " + "; ".join(errors)
+        return results
+
+
+def check_replies(method: MethodLike, fed: FederatedData, options=None, transforms=None, model: str = "mlp") -> None:
+    """Every training reply of two rounds (all clients, then half) keeps the reply contract
+    (:mod:`fedblend.core.replies`)."""
+    for join_ratio in (1.0, 0.5):
+        tiny_sim(fed, method, rounds=2, seed=6, join_ratio=join_ratio, backend=_ReplyChecking(), model=model,
+                 **_opts(options, transforms)).run()
+
+
 def check_evaluation_leaves_states_unchanged(method: MethodLike, fed: FederatedData, options=None, transforms=None,
                                              model: str = "mlp") -> None:
     """States are data (an exact codec round trip); evaluating twice gives the same numbers and changes nothing."""
@@ -308,6 +341,10 @@ class MethodContract:
     def test_partial_participation_and_shared_names(self):
         with one_thread():
             check_partial_participation(self.method, self.federation(), **self._args())
+
+    def test_replies_keep_the_contract(self):
+        with one_thread():
+            check_replies(self.method, self.federation(), **self._args())
 
     def test_evaluation_leaves_states_unchanged(self):
         with one_thread():

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fedblend.cli.summary_check import REQUIRED, summary_problems
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import dotted_keys, dumps, read_json_object, read_jsonl
 from fedblend.common.optional import MissingPackageError, pyplot
@@ -61,23 +62,31 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     return runs
 
 
-SUMMARY_KEYS = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
+SUMMARY_KEYS = tuple(REQUIRED)  # what a finished run's summary must hold (cli.summary_check)
+
+
+def _fix(run: Path) -> str:
+    return (f"summary.json is written by fedblend at the end of a run: run it again ({run}/config.toml with "
+            f"--force), or leave {run} out of the report")
 
 
 def read_summary(run: Path) -> dict[str, Any]:
     """A run's ``summary.json`` ({} when there is none); :class:`UserFileError` names the file and the fix when it
-    is not JSON, or is a finished run's summary without the numbers the table needs."""
+    is not a JSON object. Its fields are checked where they are used (:func:`skip_reason`)."""
     path = run / "summary.json"
     if not path.exists():
         return {}
-    fix = (f"summary.json is written by fedblend at the end of a run: run it again ({run}/config.toml with --force), "
-           f"or leave {run} out of the report")
-    s = read_json_object(path, fix)
-    if s.get("status", "finished") == "finished":
-        missing = [k for k in SUMMARY_KEYS if k not in s]
-        if missing:
-            raise UserFileError(f"{path} has no {missing[0]!r} (not a fedblend summary); {fix}")
-    return s
+    return read_json_object(path, _fix(run))
+
+
+def skip_reason(run: Path, summary: dict) -> str | None:
+    """Why a finished run's summary cannot make a table row (a field missing or of the wrong type,
+    :func:`~fedblend.cli.summary_check.summary_problems`), as one line naming the file and the fix; None if it
+    can."""
+    problems = summary_problems(summary)
+    if not problems:
+        return None
+    return f"skipped {run / 'summary.json'}: {'; '.join(problems)} (not a fedblend summary); {_fix(run)}"
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:
@@ -131,14 +140,20 @@ def mean_std_cell(values: list[float], scale: float = 100.0, digits: int = 2) ->
     return f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}" if len(a) > 1 else f"{a.mean():.{digits}f}"
 
 
-def aggregate(runs: list[Path], key=group_key) -> list[dict[str, Any]]:
+def aggregate(runs: list[Path], key=group_key, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per (label, config hash) over the finished runs (mean ± std over seeds); ``key`` maps a summary
     (with its run directory in ``"_dir"``) to its group, :func:`group_key` by default (a caller that has grouped
-    the runs itself, e.g. by results folder, passes its own)."""
+    the runs itself, e.g. by results folder, passes its own). A finished run whose summary lacks a field or holds
+    one of the wrong type is left out, with one line in ``skipped`` (:func:`skip_reason`)."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in runs:
         s = read_summary(r)
         if not s or s.get("status", "finished") != "finished":
+            continue
+        why = skip_reason(r, s)
+        if why:
+            if skipped is not None:
+                skipped.append(why)
             continue
         s["_dir"] = str(r)
         groups[key(s)].append(s)
@@ -393,7 +408,8 @@ def _curves(row: dict, key: str) -> tuple[list[int], np.ndarray] | None:
     curves = []
     for d in row["dirs"]:
         ms = read_metrics(Path(d))
-        curves.append({m["round"]: m[key] for m in ms if isinstance(m.get(key), (int, float)) and "round" in m})
+        curves.append({m["round"]: m[key] for m in ms
+                       if isinstance(m.get(key), (int, float)) and isinstance(m.get("round"), int)})
     if not any(curves):
         return None
     rounds = sorted(set.intersection(*(set(c) for c in curves)))
@@ -505,9 +521,10 @@ def plot_per_client(rows: list[dict], path: Path, key: str = "per_client") -> bo
     return True
 
 
-def notes(rows: list[dict], pending: list[dict]) -> str:
-    """Warnings under the table: duplicate seeds in a row, labels split over several configs, unfinished runs."""
-    lines = []
+def notes(rows: list[dict], pending: list[dict], skipped: list[str] = ()) -> str:
+    """Warnings under the table: duplicate seeds in a row, labels split over several configs, unfinished runs, runs
+    left out (``skipped``: one line each)."""
+    lines = list(skipped)
     for r in rows:
         if r["duplicate_seeds"]:
             lines.append(f"warning: {r['label']} (config {r['config_hash']}) has seed(s) "
@@ -531,10 +548,13 @@ def report(paths: list[str | Path], out_dir: str | Path | None = None, plots: bo
             raise ConfigError(f"--acc-range must be LOW HIGH in percent with 0 <= LOW < HIGH <= 100, got {low:g} "
                               f"{high:g} (e.g. --acc-range 95 100)")
     runs = find_runs(paths)
-    rows, pending = aggregate(runs), unfinished(runs)
+    skipped: list[str] = []
+    rows, pending = aggregate(runs, skipped=skipped), unfinished(runs)
     if not rows and not pending:
+        if skipped:  # nothing left to report: what was left out, and why, is the error
+            raise UserFileError("; ".join(skipped))
         raise ConfigError(f"no runs found under {[str(p) for p in paths]}")
-    table = markdown_table(rows) + notes(rows, pending)
+    table = markdown_table(rows) + notes(rows, pending, skipped)
     cmp = None
     if compare:
         cmp = paired_differences(find_group(rows, compare[0]), find_group(rows, compare[1]))

@@ -24,6 +24,9 @@ under ``OUT`` is printed and written to ``OUT/report``.
 A sweep is refused before anything starts when two of its runs would be the same run (a seed listed twice,
 grid values that give the same config) or when ``--seeds`` is given and ``--grid`` / ``--set`` also set
 ``seed``. ``--jobs`` is capped at the CPU cores.
+
+Exit code: 0 when every run is done; 2 (bad input) when a run was refused or busy (the ``[REFUSED]`` / ``[BUSY]``
+lines say why), 1 when a run failed, 130 when interrupted; the largest of them where several apply.
 """
 
 from __future__ import annotations
@@ -280,8 +283,14 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
     if done:
         echo(report([str(out)], Path(out) / "report", plots=report_plots), end="")
         echo(f"report in {Path(out) / 'report'}")
-    failed = [rc for rc in rcs if rc != 0] + [1 for r in runs if r.action == "refuse"] + [
-        2 for r in runs if r.action == "busy"]
+    return exit_code(runs, rcs)
+
+
+def exit_code(runs: list[SweepRun], rcs: list[int]) -> int:
+    """The sweep's exit code, as documented for every command (2 bad input, 1 a fault): the largest of its runs'
+    (1 a run that failed, 130 interrupted), 2 for a run refused (its directory holds a finished run of another
+    config or inputs: the command line asked for something that cannot be done there) or busy, 0 otherwise."""
+    failed = [rc for rc in rcs if rc != 0] + [2 for r in runs if r.action in ("refuse", "busy")]
     return max(failed, default=0)
 
 

@@ -29,9 +29,18 @@ def select(params: Mapping[str, torch.Tensor], names: Iterable[str]) -> Params:
 
 
 def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> Params:
-    """``sum_k w_k theta_k / sum_k w_k`` per tensor (FedAvg, McMahan et al. 2017, Alg. 1)."""
+    """``sum_k w_k theta_k / sum_k w_k`` per tensor (FedAvg, McMahan et al. 2017, Alg. 1).
+
+    Every model must hold the first one's names with the same shapes: a mismatch is refused (ValueError naming
+    the model and the tensor), never broadcast or averaged over what happens to be there."""
     if len(models) == 0:
         raise ValueError("weighted_average needs at least one model")
+    if len(weights) != len(models):
+        raise ValueError(f"weighted_average: {len(models)} models but {len(weights)} weights")
+    for k, m in enumerate(models[1:], 1):
+        bad = mismatch(models[0], m)
+        if bad:
+            raise ValueError(f"weighted_average: model {k} does not match model 0: {bad}")
     w = torch.as_tensor([float(x) for x in weights], dtype=torch.float64)
     if torch.any(w < 0) or float(w.sum()) <= 0:
         raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
@@ -42,6 +51,18 @@ def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
         shape = (-1,) + (1,) * (stacked.dim() - 1)
         out[name] = (stacked * w.to(stacked.device).view(shape)).sum(0).to(models[0][name].dtype)
     return out
+
+
+def mismatch(ref: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor]) -> str:
+    """How ``other``'s names or shapes differ from ``ref``'s ("" where they do not), e.g.
+    ``"'fc.bias' has shape [1], not [10]"``."""
+    if other.keys() != ref.keys():
+        missing, extra = sorted(set(ref) - set(other)), sorted(set(other) - set(ref))
+        return "; ".join(p for p in (f"missing {missing}" if missing else "", f"extra {extra}" if extra else "") if p)
+    for name, t in other.items():
+        if t.shape != ref[name].shape:
+            return f"{name!r} has shape {list(t.shape)}, not {list(ref[name].shape)}"
+    return ""
 
 
 def num_bytes(params: Mapping[str, torch.Tensor]) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
-from fedblend.common.errors import WorkerError
+from fedblend.common.errors import MessageError, WorkerError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.client import ClientJob, ClientResult, ClientRuntime
@@ -89,6 +89,8 @@ def _worker_main(conn) -> None:  # pragma: no cover - runs in the worker process
         try:
             jobs = pickle.loads(blob)
             conn.send_bytes(pickle.dumps(("ok", [_pack_result(runtime.handle(_unpack_job(j))) for j in jobs])))
+        except MessageError as exc:  # a method's own mistake, named: raised in the main process as it is
+            conn.send_bytes(pickle.dumps(("message", str(exc))))
         except Exception:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     conn.close()
@@ -147,11 +149,14 @@ class ProcessBackend(Backend):
                 except OSError:  # the worker is gone (a broken pipe)
                     self._died(w)
         out: list[ClientResult | None] = [None] * len(jobs)
-        errors = []
+        errors, named = [], []
         for w, idx in enumerate(per):
             if not idx:
                 continue
             status, payload = pickle.loads(self._receive(w))
+            if status == "message":  # a reply that breaks the contract: the same error as in process, raised
+                named.append(payload)  # once every worker's answer is read (none is left in a pipe)
+                continue
             if status != "ok":
                 errors.append(f"worker {w}: {payload}")
                 continue
@@ -160,6 +165,8 @@ class ProcessBackend(Backend):
                 self.finished(jobs[i])
         if errors:
             raise RuntimeError("a client failed in a worker process:\n" + "\n".join(errors))
+        if named:
+            raise MessageError(named[0])
         return out  # type: ignore[return-value]
 
     def _receive(self, w: int, starting: bool = False) -> bytes:

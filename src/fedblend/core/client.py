@@ -16,10 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from fedblend.common.codec import to_device
+from fedblend.common.errors import MessageError
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import GLOBAL_PREFIX, evaluate_params
@@ -34,6 +36,7 @@ from fedblend.core.method import (
     same_tensors,
     train_now,
 )
+from fedblend.core.replies import check_is_message, where_reply
 from fedblend.core.training import TrainResult, TrainSpec
 from fedblend.data.federated import ClientData
 
@@ -66,6 +69,18 @@ def drive(work: ClientWork, execute: Callable[[TrainSpec], TrainResult]) -> tupl
         return stop.value
 
 
+def returned_pair(out: Any, label: str, job: ClientJob) -> tuple[Message, State]:
+    """What a client half returned, checked to be ``(reply Message, state)``: a hook that forgot to ``return``
+    is named (:class:`~fedblend.common.errors.MessageError`) here, on the client, not as an AttributeError
+    wherever its reply is first touched."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        what = "None" if out is None else f"a {type(out).__name__}"
+        raise MessageError(f"{where_reply(label, job.cid, job.rnd, job.phase)}: the client half returned {what}, "
+                           f"not (reply Message, state)")
+    check_is_message(out[0], label, job.cid, job.rnd, job.phase)
+    return out
+
+
 class ClientRuntime:
     """Client halves of one method for the clients in ``data`` (all of them in-process; a worker's own share in
     the process backend; one on a Flower node)."""
@@ -85,7 +100,8 @@ class ClientRuntime:
         ctx, state = self.begin(job)
         if job.phase == EVALUATE:
             return ClientResult(self.evaluate(job.msg, state, ctx), None, {})
-        reply, state = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
+        out = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
+        reply, state = returned_pair(out, self.method.label, job)
         ctx.stats["client_seconds"] = time.perf_counter() - t0
         return ClientResult(reply, state, ctx.stats)
 

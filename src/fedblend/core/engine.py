@@ -7,7 +7,10 @@ Per round ``t`` (0-based internally, reported 1-based):
    ``configure``s a message per joining client, the backend runs the client halves on them (each with its own
    state, initialised on the client at first contact), the new client states are stored and the server half
    ``aggregate``s the replies;
-   Before aggregation every tensor of every reply *and of the client's new state* (what it keeps and never
+   Before aggregation every training reply is held to the reply contract (:mod:`fedblend.core.replies`: a
+   Message, model parameters of the model's shapes and a floating dtype, no names the model lacks, a positive
+   ``num_samples``; :class:`~fedblend.common.errors.MessageError` names the method, client, round and entry).
+   Then every tensor of every reply *and of the client's new state* (what it keeps and never
    uploads, e.g. Ditto's personalized model) is checked: NaN / inf stops the run
    (:class:`~fedblend.common.errors.NonFiniteError`, ``on_nonfinite = "stop"``) or is dropped with the client's
    new state and stats (``"skip"``: the aggregate is over the other clients; ``nonfinite_clients`` in metrics);
@@ -58,6 +61,7 @@ from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntim
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State, server_tree
+from fedblend.core.replies import check_is_message, check_reply
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
@@ -157,8 +161,9 @@ class Simulation:
                 results = self.backend.run(jobs)
             finally:
                 self.backend.on_result = None
-        for res in results:
+        for job, res in zip(jobs, results):
             if res is not None:
+                check_is_message(res.reply, self.method.label, job.cid, job.rnd, job.phase)
                 res.reply.arrays, res.state = to_device(res.reply.arrays, device), to_device(res.state, device)
         return results
 
@@ -172,6 +177,13 @@ class Simulation:
         if errors:
             what = f"client {cid}'s {phase} reply" if reply else f"the server's {phase} message to client {cid}"
             raise MessageError(f"{self.method.label}: {what} breaks the message channels:\n  " + "\n  ".join(errors))
+
+    def _check_reply(self, reply: Message, phase: str, cid: int, t: int) -> None:
+        """Refuse a training reply that breaks the reply contract (:mod:`fedblend.core.replies`): parameters of the
+        wrong shape or dtype, names the model does not have, a ``num_samples`` that is no positive number."""
+        traits = self.method.traits
+        check_reply(reply, self.method.label, cid, t, phase, self.run_info.init_params, traits.param_records,
+                    traits.extra_entries, self.fed.clients[cid].num_train)
 
     def close(self) -> None:
         """Stop the backend (worker processes); the simulation can be started again."""
@@ -213,6 +225,7 @@ class Simulation:
                     dropped.append(cid)
                     continue
                 self._check_channels(res.reply, phase, cid, reply=True, stats=res.stats)
+                self._check_reply(res.reply, phase, cid, t)
                 up[cid] += res.reply.num_bytes
                 answered[phase] = answered.get(phase, 0) + 1
                 if self._nonfinite(res, cid, phase, t):

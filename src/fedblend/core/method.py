@@ -104,6 +104,11 @@ class Traits:
     #: prefixes of the client stats the engine records per client (``stats_per_client`` of the round's metrics)
     #: besides their mean over the selected clients: those of the transforms
     per_client_stats: tuple[str, ...]
+    #: the reply records whose entries are model parameters (each name one of the model's, its shape and a
+    #: floating dtype: :mod:`fedblend.core.replies`); other records hold what the method likes
+    param_records: tuple[str, ...] = ("params",)
+    #: names those records may carry besides the model's parameters
+    extra_entries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,13 @@ class Method:
     #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
     #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
     pretrainable: ClassVar[bool] = False
+    #: the records of a training reply whose entries are the model's parameters: the engine refuses a name the
+    #: model does not have, a shape that is not the parameter's and a non-floating dtype in them before
+    #: aggregation (:mod:`fedblend.core.replies`); records that carry other things (prototypes, feature means)
+    #: are not listed
+    param_records: ClassVar[tuple[str, ...]] = ("params",)
+    #: entries those records carry besides the model's parameters (e.g. a learned scalar uploaded with the model)
+    extra_entries: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any):
         """A subclass that defines a resolved-only trait (``sequential_server``, ``keeps_model``, ``own_loop``,
@@ -313,7 +325,8 @@ class Method:
                     accepts_transforms=self.accepts_transforms,
                     evaluates_received_model=self.evaluates_received_model,
                     evaluates_own_model=self.evaluates_own_model, pretrainable=self.pretrainable,
-                    sequential_server=False, per_client_stats=())
+                    sequential_server=False, per_client_stats=(),
+                    param_records=tuple(self.param_records), extra_entries=tuple(self.extra_entries))
         unknown = set(declared) - set(base)
         if unknown:
             raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
