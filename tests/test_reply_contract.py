@@ -150,3 +150,12 @@ class TestWorkerProcessesNameItTheSameWay:
         with tiny_sim(tiny_fed, method, rounds=1, backend=ProcessBackend(workers=2, threads=1)) as sim:
             with pytest.raises(MessageError, match=rf"^{method.name}: client \d's reply in round 1: the reply is "):
                 sim.run_round()
+
+    @pytest.mark.parametrize("method", [NoReply, ParamsOnly], ids=["None", "dict"])
+    def test_vmap_backend(self, tiny_fed, method):
+        """The vmap backend's lock-step driver names it too (it unpacked the client half's return itself)."""
+        from fedblend.core.vmap import VmapBackend
+
+        with tiny_sim(tiny_fed, method, rounds=1, backend=VmapBackend()) as sim:
+            with pytest.raises(MessageError, match=rf"^{method.name}: client \d's reply in round 1: the reply is "):
+                sim.run_round()

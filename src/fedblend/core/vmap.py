@@ -36,7 +36,7 @@ from torch.func import functional_call, vmap
 
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
-from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime
+from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime, returned_pair
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
@@ -261,6 +261,7 @@ class VmapBackend(Backend):
         return out
 
     def _run(self, jobs: Sequence[ClientJob]) -> list[ClientResult]:
+        self._jobs = jobs
         out: list[ClientResult | None] = [None] * len(jobs)
         evals = [i for i, j in enumerate(jobs) if j.phase == EVALUATE]
         for i, res in zip(evals, self._evaluate([jobs[i] for i in evals])):
@@ -352,6 +353,6 @@ class VmapBackend(Backend):
             spec = next(gen) if first else gen.send(result)
             live[i] = (ctx, gen, spec, spent + time.perf_counter() - t0)
         except StopIteration as stop:
-            reply, state = stop.value
+            reply, state = returned_pair(stop.value, self.method.label, self._jobs[i])
             ctx.stats["client_seconds"] = spent + time.perf_counter() - t0
             out[i] = ClientResult(reply, state, ctx.stats)
