@@ -134,4 +134,4 @@ def test_a_dataset_whose_optional_package_is_missing_stops_the_run_in_one_line_b
 
 def test_every_built_in_dataset_declares_its_inputs():
     """:data:`INPUTS` (the model-fits check before a run) knows every built-in dataset's sample kind and shape."""
-    assert set(sources.DATASETS) | {"synthetic"} == set(sources.INPUTS)
+    assert set(sources.DATASETS) | set(sources.SYNTHETIC) == set(sources.INPUTS)

@@ -92,8 +92,8 @@ def backend_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in ("sequential", "processes", "vmap")]
     if not names or bad or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected distinct backends among sequential, processes, vmap, "
-                                         f"comma-separated; got {text!r}")
+        raise UsageError(f"--backends must name distinct backends among sequential, processes, vmap, "
+                         f"comma-separated; got {text!r} (see fedblend bench --help)")
     return names
 
 
@@ -179,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     b.add_argument("--rounds", type=int_in(flags.BENCH_ROUNDS), default=3, help="rounds to time (default 3)")
     b.add_argument("--threads", type=int_in(flags.THREADS), default=None, help="torch CPU threads (default: torch's)")
-    b.add_argument("--backends", type=backend_list, default=None, help="comma-separated backends to time against "
+    b.add_argument("--backends", default=None, help="comma-separated backends to time against "
                    "each other on the same rounds, interleaved (e.g. sequential,vmap), instead of the plain loop")
     _runtime_flags(b)
     pre = sub.add_parser("pretrain", help="pre-train pFedRLLA's agent and embedding network (paper App. D): "
@@ -354,10 +354,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        if args.backends:
+        if args.backends is not None:
             from fedblend.bench import compare_backends
 
-            print(json.dumps(compare_backends(cfg, args.backends, args.rounds, args.data_dir), indent=2))
+            backends = backend_list(args.backends)
+            print(json.dumps(compare_backends(cfg, backends, args.rounds, args.data_dir), indent=2))
             return 0
         print(json.dumps(bench(cfg, args.rounds, args.data_dir), indent=2))
         return 0
