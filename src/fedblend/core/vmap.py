@@ -103,6 +103,21 @@ def _rows(args: dict, k: int) -> dict:
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+#: the last group's data, concatenated: (its client tensors, X, Y) -- a round with the same clients in the same
+#: order (full participation) reuses it instead of copying the data again
+_LAST_DATA: list = []
+
+
+def _concatenated(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' data as one tensor each, kept for the next call with the same tensors (the cache holds those
+    tensors, so their identities cannot be reused by others while it does)."""
+    if _LAST_DATA and len(_LAST_DATA[0]) == 2 * len(xs) and all(a is b for a, b in zip(_LAST_DATA[0], list(xs) + list(ys))):
+        return _LAST_DATA[1], _LAST_DATA[2]
+    X, Y = torch.cat(list(xs)), torch.cat(list(ys))
+    _LAST_DATA[:] = [list(xs) + list(ys), X, Y]
+    return X, Y
+
+
 def _twin(model, params: Params, x: torch.Tensor):
     """The model's stacked twin, checked against ``vmap`` on its first stacked batch (once per model: the verdict
     is kept), or None: the model has none, or a forward that mixes samples (see :mod:`fedblend.core.stacked`)."""
@@ -147,7 +162,7 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     counts = real.sum(-1)  # [steps, clients]: each client's batch length at each step
     w = real / counts.clamp_min(1).unsqueeze(-1)  # each sample's weight in its client's mean loss
     idx = idx.clamp_min(0)
-    X, Y = torch.cat([xs[c] for c in order]), torch.cat([ys[c] for c in order])
+    X, Y = _concatenated([xs[c] for c in order], [ys[c] for c in order])
     chunk = max(1, GATHER_BYTES // max(1, C * bs * X[:1].nbytes))
     stack = {n: torch.stack([specs[c].params[n].detach() for c in order]).clone() for n in first.params}
     kept = [[(specs[c].momentum or {}).get(n) if opt.momentum else None for c in order] for n in names]
