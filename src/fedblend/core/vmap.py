@@ -118,6 +118,12 @@ def _concatenated(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> tup
     return X, Y
 
 
+def _gather(X: torch.Tensor, Y: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``X[rows], Y[rows]`` as row copies (``index_select``: 3x faster on a CPU than advanced indexing)."""
+    flat = rows.flatten()
+    return (X.index_select(0, flat).view(*rows.shape, *X.shape[1:]), Y.index_select(0, flat).view(rows.shape))
+
+
 def _twin(model, params: Params, x: torch.Tensor):
     """The model's stacked twin, checked against ``vmap`` on its first stacked batch (once per model: the verdict
     is kept), or None: the model has none, or a forward that mixes samples (see :mod:`fedblend.core.stacked`)."""
@@ -170,7 +176,7 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             for n, ks in zip(names, kept)] if opt.momentum else []
     term_args = [_tensor_args(t, [specs[c] for c in order], i) for i, t in enumerate(first.loss_terms)]
     term_scalars = [_scalars(t) for t in first.loss_terms]
-    xb, yb = (X[idx[:chunk]], Y[idx[:chunk]]) if S else (None, None)
+    xb, yb = _gather(X, Y, idx[:chunk]) if S else (None, None)
     twin = _twin(model, {n: v[: active[0]] for n, v in stack.items()}, xb[0, : active[0]]) if S else None
     native = twin is not None and not first.loss_terms  # terms see parameters in the model's layout
     if native:  # linear weights transposed: their gradients come out contiguous (a faster update)
@@ -181,7 +187,7 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     losses = torch.zeros((S, C), device=dev)  # each client's mean batch loss at each step
     for s, k in enumerate(active):
         if s % chunk == 0 and s:  # the next chunk of steps' batches, gathered at once
-            xb, yb = X[idx[s : s + chunk]], Y[idx[s : s + chunk]]
+            xb, yb = _gather(X, Y, idx[s : s + chunk])
         work = {n: v[:k] for n, v in stack.items()}
         leaves = [work[n].detach().requires_grad_(True) for n in names]  # views: updates land in the stack
         work.update(zip(names, leaves))
