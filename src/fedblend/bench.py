@@ -27,6 +27,7 @@ and, on a GPU, the peak allocated CUDA memory.
 from __future__ import annotations
 
 import dataclasses
+import platform
 import resource
 import time
 from pathlib import Path
@@ -211,7 +212,10 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     base = mean(times[backends[0]]["train"][1:] or times[backends[0]]["train"])
     base_cpu = mean(times[backends[0]]["cpu"][1:] or times[backends[0]]["cpu"])
-    out = {"config": cfg.label, "method": cfg.method, "device": device, "threads": torch.get_num_threads(),
+    where = (torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda"
+             else f"{platform.machine()} CPU, {torch.backends.cpu.get_cpu_capability()}")
+    out = {"config": cfg.label, "method": cfg.method, "device": device, "device_name": where,
+           "torch": torch.__version__, "threads": torch.get_num_threads(),
            "rounds": rounds, "samples_per_round": mean(samples), "train_flops_per_sample": flops,
            "peak_flops": peak, "backends": {}}
     for b in backends:
