@@ -283,6 +283,8 @@ def test_bench_command_times_engine_and_plain_loop(capsys):
     out = json.loads(capsys.readouterr().out)
     for k in ("train_ratio", "eval_ratio", "round_ratio", "samples_per_s", "clients_per_s", "peak_rss_mib"):
         assert out[k] > 0, k
+    assert out["train_flops_per_sample"] > 0 and 0 < out["fraction_of_peak"] < 1
+    assert out["fraction_of_peak"] == pytest.approx(out["samples_per_s"] * out["train_flops_per_sample"] / out["peak_flops"])
     assert out["rounds"] == 2 and out["backend"] == "sequential" and [r["round"] for r in out["per_round"]] == [1, 2]
     assert out["train_engine_s"] == pytest.approx(sum(r["train_engine_s"] for r in out["per_round"]) / 2)
     assert out["clients_per_s"] == pytest.approx(2 / out["train_engine_s"])  # 2 of 4 clients join each round

@@ -20,7 +20,8 @@ measured arithmetic peak (a large float32 matrix product, :func:`measured_peak_f
 
 It prints seconds per round for both, their ratio (engine / plain: near 1 means the federated machinery costs
 little beyond the arithmetic; above 1 for methods whose clients do extra work, e.g. ALA), samples and clients
-per second, and the peak memory: resident set size of this process and of worker processes (Linux ``ru_maxrss``)
+per second, the distance to the limit (FLOPs per training sample and the fraction of the measured peak the
+engine's training reaches), and the peak memory: resident set size of this process and of worker processes (Linux ``ru_maxrss``)
 and, on a GPU, the peak allocated CUDA memory.
 """
 
@@ -126,6 +127,8 @@ def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -
             _sync(sim)
             eng_e.append(time.perf_counter() - e0)
             plain_e.append(plain_eval(sim, cfg.model))
+        flops = train_flops_per_sample(sim, cfg.model)
+    peak = measured_peak_flops(device)
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     return {
         "config": cfg.label, "method": cfg.method, "backend": cfg.backend,
@@ -135,6 +138,8 @@ def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -
         "eval_engine_s": mean(eng_e), "eval_plain_s": mean(plain_e), "eval_ratio": sum(eng_e) / sum(plain_e),
         "round_ratio": (sum(eng_t) + sum(eng_e)) / (sum(plain_t) + sum(plain_e)),
         "samples_per_s": sum(samples) / sum(eng_t), "clients_per_s": sum(clients) / sum(eng_t),
+        "train_flops_per_sample": flops, "peak_flops": peak,
+        "fraction_of_peak": sum(samples) / sum(eng_t) * flops / peak,
         "samples_per_round": mean(samples), **peak_memory_mib(device),
         "per_round": [{"round": r + 1, "train_engine_s": a, "train_plain_s": b, "eval_engine_s": c, "eval_plain_s": d}
                       for r, (a, b, c, d) in enumerate(zip(eng_t, plain_t, eng_e, plain_e))],
