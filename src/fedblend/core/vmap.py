@@ -202,6 +202,9 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
             return total, loss
 
         losses[s, :k] = client_step(loss_fn, opt, leaves, [b[:k] for b in bufs], s % chunk)
+    if twin is not None:  # the twin keeps no tensors of this call
+        twin.feed.clear()
+        twin.feed["native"] = False
     if native:
         stack = from_native(twin, stack)
         bufs = [b.transpose(1, 2).contiguous() if n in twin.native else b for n, b in zip(names, bufs)]
@@ -256,6 +259,10 @@ class VmapBackend(Backend):
         self.stack_eval = stack_eval
         self.noticed = False
         self.counts: dict[str, int] = {}  # since the last report: specs batched, and run one by one per reason
+
+    def close(self) -> None:
+        """Drop the data kept for the next round (:func:`_concatenated`)."""
+        _LAST_DATA.clear()
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
