@@ -22,7 +22,8 @@ Results directory (the run contract other tools rely on)::
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads, and the sha256 of each input file the config names: ``inputs``)
     checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
-                       the identity it was written under
+                       the identity it was written under; checkpoint.pt.sha256 records its sha256, which
+                       ``--resume`` checks first (:mod:`fedblend.core.checkpoint`)
 
 Every results file is strict JSON (non-finite numbers as null). Before anything is loaded or written the
 model is checked against the dataset, the output directory is checked (a directory holding a run needs
@@ -71,7 +72,7 @@ from fedblend.config import (
     dump_toml,
 )
 from fedblend.core.backends import make_backend
-from fedblend.core.checkpoint import FILENAME, load_checkpoint
+from fedblend.core.checkpoint import FILENAME, load_checkpoint, verify_checkpoint
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
@@ -477,6 +478,8 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
                 created: bool, command: str) -> dict[str, Any]:
     check_available(cfg.log)
     ck_path = out / FILENAME
+    if resume:
+        verify_checkpoint(ck_path)  # its bytes against the sha256 recorded when it was written
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None:
         check_resume(ck, cfg, ck_path)

@@ -50,7 +50,7 @@ PARENT_ENV = "FEDBLEND_PARENT_PID"
 RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
              "checkpoint.pt", "accuracy.png")
 OWNED_DIRS = ("clients", "clients.ckpt", "tensorboard", "mlruns", "wandb")  # trackers: TensorBoard, MLflow, W&B
-OWNED = RUN_FILES + OWNED_DIRS + ("partition.png", ".mlflow_run")
+OWNED = RUN_FILES + OWNED_DIRS + ("partition.png", ".mlflow_run", "checkpoint.pt.sha256")
 MAX_NAME = 200
 
 
