@@ -12,7 +12,7 @@ holds its run directory across the run and the agent file). It does not work acr
 run directories are local. A lock that had to create its directory removes it again when it is left empty.
 
 **What a run owns** (:data:`OWNED`): the run files, ``clients/``, ``clients.ckpt/``, ``tensorboard/``,
-``mlruns/``, ``wandb/``, ``.mlflow_run``, ``partition.png`` and temporary files named after any of them
+``mlruns/``, ``wandb/``, ``.mlflow_run``, ``partition.png``, ``checkpoint.pt.sha256`` and temporary files named after any of them
 (``checkpoint.pt.tmp``). :func:`clear_run` removes
 exactly these (``--force``), without following symbolic links, and nothing else: files of the user's that
 happen to sit in the directory, and the sweep's ``stdout.log``, are left alone.
