@@ -176,7 +176,7 @@ def tamper_partition_deleted(out: Path) -> str:
 def tamper_config_hash(out: Path) -> str:
     ck = load_checkpoint(out / "checkpoint.pt")
     ck["extra"]["identity"]["config_hash"] = "0" * 16
-    save_checkpoint(out / "checkpoint.pt", ck)
+    save_checkpoint(out / "checkpoint.pt", ck, record_hash=True)  # re-recorded: the content check passes
     return "records config hash 0000000000000000"
 
 

@@ -259,11 +259,13 @@ def make_progress(progress: Any, total: int, label: str):
 # ------------------------------------------------------------------------------------------------ run
 def run(config: ConfigLike = None, out: str | Path | None = None, *, data_dir: str | Path | None = None,
         overrides: Mapping[str, Any] | list[str] | None = None, progress: bool | str | Callable = "auto",
-        resume: bool = False, force: bool = False, threads: int | None = 1, backend: Any = None) -> RunResult:
+        resume: bool = False, force: bool = False, threads: int | None = 1, backend: Any = None,
+        allow_code_change: bool = False) -> RunResult:
     """Run ``config`` (see the module docstring) and return its :class:`RunResult`.
 
     ``out``: the results directory (default ``runs/<label>-seed<N>``, a new one per run; with ``resume``, the
-    existing one). ``resume`` / ``force`` as ``fedblend run --resume / --force``. ``threads``: torch CPU threads
+    existing one). ``resume`` / ``force`` / ``allow_code_change`` as ``fedblend run --resume / --force /
+    --allow-code-change``. ``threads``: torch CPU threads
     during the run (default 1, as the command line; None leaves torch's setting). Raises what ``fedblend run``
     reports as ``fedblend: error: ...`` (:mod:`fedblend.common.errors`)."""
     import torch
@@ -285,7 +287,8 @@ def run(config: ConfigLike = None, out: str | Path | None = None, *, data_dir: s
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        summary = run_experiment(cfg, out, data_dir, resume=resume, progress=display, force=force, backend=backend)
+        summary = run_experiment(cfg, out, data_dir, resume=resume, progress=display, force=force, backend=backend,
+                                 allow_code_change=allow_code_change)
     finally:
         if threads is not None:
             torch.set_num_threads(before)

@@ -22,7 +22,8 @@ Results directory (the run contract other tools rely on)::
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
                        device, threads, and the sha256 of each input file the config names: ``inputs``)
     checkpoint.pt      the run state every ``checkpoint_every`` rounds (``--resume`` continues from it), with
-                       the identity it was written under
+                       the identity it was written under; checkpoint.pt.sha256 records its sha256, which
+                       ``--resume`` checks first (:mod:`fedblend.core.checkpoint`)
 
 Every results file is strict JSON (non-finite numbers as null). Before anything is loaded or written the
 model is checked against the dataset, the output directory is checked (a directory holding a run needs
@@ -71,13 +72,14 @@ from fedblend.config import (
     dump_toml,
 )
 from fedblend.core.backends import make_backend
-from fedblend.core.checkpoint import FILENAME, load_checkpoint
+from fedblend.core.checkpoint import FILENAME, load_checkpoint, verify_checkpoint
 from fedblend.core.engine import Simulation
 from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset, require_packages
 from fedblend.figures import plot_run
+from fedblend.plugin_code import check_plugin_code, plugin_code
 from fedblend.rundir import RUN_FILES, DirLock, check_out_dir, clear_run, holds_run, locked_by
 from fedblend.tracking import check_available, make_trackers
 
@@ -122,7 +124,8 @@ def cpu_identity() -> dict[str, str]:
 
 def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
     """What produced a result: the resolved config and its hash, versions, git commit, device, threads, the CPU
-    (:func:`cpu_identity`), and
+    (:func:`cpu_identity`), each plug-in's package version and source sha256 (``plugins``:
+    :func:`fedblend.plugin_code.plugin_code`), and
     (``inputs``, only when the config names one) the sha256 of each file the run reads besides the dataset: the
     config records a path, the same path can hold another file (a re-made agent, a new init), and the hash tells
     the two runs apart."""
@@ -134,6 +137,9 @@ def run_identity(cfg: RunConfig, device: str) -> dict[str, Any]:
     inputs = cfg.input_digests()
     if inputs:
         identity["inputs"] = inputs
+    plugins = plugin_code(cfg)  # a plug-in's code is not fedblend's: its own version and source hash
+    if plugins:
+        identity["plugins"] = plugins
     return identity
 
 
@@ -440,11 +446,12 @@ def _first_line(exc: BaseException) -> str:
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
                    resume: bool = False, progress: Callable[[dict, Simulation], None] | None = None,
                    stop_after: int | None = None, force: bool = False, backend: Any = None,
-                   command: str | None = None) -> dict[str, Any]:
+                   command: str | None = None, allow_code_change: bool = False) -> dict[str, Any]:
     """Run ``cfg`` writing results under ``out_dir``; ``resume`` continues from ``out_dir/checkpoint.pt``,
-    ``force`` replaces a run already there. ``command`` is the command line that runs it again, named by the
-    Ctrl-C message with ``--resume`` or ``--force`` added (default ``fedblend run OUT/config.toml --out OUT``;
-    ``fedblend pretrain`` passes its own).
+    ``force`` replaces a run already there; ``allow_code_change``: resume even when a plug-in's code changed since
+    the run started (:mod:`fedblend.plugin_code`; refused otherwise). ``command`` is the command line that runs it
+    again, named by the Ctrl-C message with ``--resume`` or ``--force`` added (default ``fedblend run
+    OUT/config.toml --out OUT``; ``fedblend pretrain`` passes its own).
 
     Raises the typed errors of :mod:`fedblend.common.errors` (and the data layer's) for every expected failure;
     Ctrl-C becomes :class:`RunInterrupted` saying how to resume. ``stop_after`` ends the call after that many
@@ -458,6 +465,7 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     out = path_arg(out_dir, "out_dir", optional=False)
     data_dir = path_arg(data_dir, "data_dir")
     resume, force = bool_arg(resume, "resume"), bool_arg(force, "force")
+    allow_code_change = bool_arg(allow_code_change, "allow_code_change")
     stop_after = int_arg(stop_after, "stop_after")
     if command is not None and not isinstance(command, str):
         raise TypeError(f"command must be a str or None, got {type(command).__name__}")
@@ -470,13 +478,16 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     with DirLock(out) as lock:
         check_out_dir(out, resume, force)  # again, now that no other process can change it
         return _run_locked(cfg, out, data_dir, resume, progress, stop_after, backend, device, created=bool(lock.created),
-                           command=command or f"fedblend run {out / 'config.toml'} --out {out}")
+                           command=command or f"fedblend run {out / 'config.toml'} --out {out}",
+                           allow_code_change=allow_code_change)
 
 
 def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, stop_after, backend, device: str,
-                created: bool, command: str) -> dict[str, Any]:
+                created: bool, command: str, allow_code_change: bool = False) -> dict[str, Any]:
     check_available(cfg.log)
     ck_path = out / FILENAME
+    if resume:
+        verify_checkpoint(ck_path)  # its bytes against the sha256 recorded when it was written
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None:
         check_resume(ck, cfg, ck_path)
@@ -484,6 +495,7 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
     identity = run_identity(cfg, device)
     if ck is not None:
         started = (ck.get("extra") or {}).get("identity") or {}
+        check_plugin_code(identity, started, ck_path, allow_code_change)
         keep_start_inputs(identity, started, ck_path)
         keep_cpu_history(identity, started)
     raw = load_dataset(cfg.dataset, data_dir)

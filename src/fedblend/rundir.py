@@ -12,7 +12,7 @@ holds its run directory across the run and the agent file). It does not work acr
 run directories are local. A lock that had to create its directory removes it again when it is left empty.
 
 **What a run owns** (:data:`OWNED`): the run files, ``clients/``, ``clients.ckpt/``, ``tensorboard/``,
-``mlruns/``, ``wandb/``, ``.mlflow_run``, ``partition.png`` and temporary files named after any of them
+``mlruns/``, ``wandb/``, ``.mlflow_run``, ``partition.png``, ``checkpoint.pt.sha256`` and temporary files named after any of them
 (``checkpoint.pt.tmp``). :func:`clear_run` removes
 exactly these (``--force``), without following symbolic links, and nothing else: files of the user's that
 happen to sit in the directory, and the sweep's ``stdout.log``, are left alone.
@@ -50,7 +50,7 @@ PARENT_ENV = "FEDBLEND_PARENT_PID"
 RUN_FILES = ("config.toml", "partition.json", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
              "checkpoint.pt", "accuracy.png")
 OWNED_DIRS = ("clients", "clients.ckpt", "tensorboard", "mlruns", "wandb")  # trackers: TensorBoard, MLflow, W&B
-OWNED = RUN_FILES + OWNED_DIRS + ("partition.png", ".mlflow_run")
+OWNED = RUN_FILES + OWNED_DIRS + ("partition.png", ".mlflow_run", "checkpoint.pt.sha256")
 MAX_NAME = 200
 
 

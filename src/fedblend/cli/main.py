@@ -117,6 +117,8 @@ def parser() -> argparse.ArgumentParser:
                      "may grow)")
     run.add_argument("--force", action="store_true", help="replace a run already in OUT (everything the old run "
                      "wrote there is removed first)")
+    run.add_argument("--allow-code-change", action="store_true", help="with --resume: continue even when a "
+                     "plug-in's source changed since the run started (refused otherwise; the summary records both)")
     run.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads (default 1, as "
                      "sweep: small models on a shared CPU run fastest so; see README)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
@@ -393,6 +395,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.resume and args.force:
         raise ConfigError("--resume continues the run in OUT and --force replaces it: give one of them")
+    if args.allow_code_change and not args.resume:
+        raise ConfigError("--allow-code-change applies to --resume only (a new run records the code it runs)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.out:
@@ -418,7 +422,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             summary = simulate(cfg, out, args.data_dir, resume=args.resume, force=args.force, progress=progress)
         else:
             summary = run_experiment(cfg, out, args.data_dir, resume=args.resume, progress=progress,
-                                     force=args.force)
+                                     force=args.force, allow_code_change=args.allow_code_change)
     finally:
         if hasattr(progress, "close"):  # any callable may stand in for the display (tests do)
             progress.close()

@@ -38,6 +38,11 @@ class CheckpointMismatchError(ResumeMismatchError):
     hash does not match. Resuming would not continue the same run, so it is refused (exit 2)."""
 
 
+class CheckpointDamagedError(CheckpointMismatchError):
+    """``--resume`` refused because ``checkpoint.pt`` does not hash to the sha256 recorded when it was written
+    (``checkpoint.pt.sha256``), or that record is not one: a damaged file would resume into different rounds."""
+
+
 class UserFileError(FedblendError, ValueError):
     """A file the user gave (a partition, a PFLlib folder, an agent file, a run's metrics or summary) that cannot
     be used as it is: the message names the file, what is wrong and the fix (exit 2, as bad input)."""

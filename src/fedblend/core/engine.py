@@ -456,7 +456,7 @@ class Simulation:
         try:
             save_checkpoint(path, {"next_round": self.next_round, "server": self.server, "clients": clients,
                                    "history": self.history, "extra": extra or {},
-                                   "train": asdict(self.run_info.train)})
+                                   "train": asdict(self.run_info.train)}, record_hash=True)
         except BaseException:
             if not _names_snapshot(path, clients):  # a failure after checkpoint.pt was replaced keeps the snapshot
                 self.store.discard(ck_dir, clients)
