@@ -216,9 +216,10 @@ def fault_resume_without_checkpoint(tmp_path, monkeypatch, capsys):
 
 
 def fault_corrupt_checkpoint(tmp_path, monkeypatch, capsys):
+    """A checkpoint whose bytes no longer hash to the recorded sha256: refused as damaged, before it is read."""
     _existing_run(tmp_path, capsys)
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"garbage")
-    return ["--resume"], "is not a readable fedblend checkpoint", 1
+    return ["--resume"], "checkpoint.pt is damaged", 2
 
 
 def fault_disk_full(tmp_path, monkeypatch, capsys):

@@ -186,8 +186,8 @@ def test_force_leaves_nothing_of_the_old_run_and_nothing_else_is_touched(tmp_pat
     (out / "clients.ckpt").symlink_to(outside, target_is_directory=True)  # never followed
     assert main(["run", str(cfg), "--out", str(out), "--force", *FAST]) == 0
     left = sorted(p.name for p in out.iterdir())
-    assert left == sorted(["checkpoint.pt", "config.toml", "metrics.csv", "metrics.jsonl", "notes.txt", "old-ckpt",
-                           "partition.json", "partition.txt", "stdout.log", "summary.json"])
+    assert left == sorted(["checkpoint.pt", "checkpoint.pt.sha256", "config.toml", "metrics.csv", "metrics.jsonl",
+                           "notes.txt", "old-ckpt", "partition.json", "partition.txt", "stdout.log", "summary.json"])
     assert (outside / "keep.bin").read_text() == "x" and (out / "notes.txt").read_text() == "mine"
     assert json.loads((out / "partition.json").read_text())["spec"]["num_clients"] == 3
 

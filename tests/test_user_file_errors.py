@@ -427,11 +427,12 @@ def test_torch_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
     """torch reports a failed write as a RuntimeError (errno lost): still one line, the fix, exit 1."""
     import fedblend.core.checkpoint as ck
 
-    def torch_full(obj, path):
+    def torch_full(*args, **kwargs):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed")
 
-    monkeypatch.setattr(ck, "save_tensors", torch_full)
+    monkeypatch.setattr(ck, "save_tensors", torch_full)  # a checkpoint without its sha256 record
+    monkeypatch.setattr(ck, "tensor_bytes", torch_full)  # a run's checkpoint, serialised before it is written
     one_error_line(capsys, ["run", *sets(*SYN), "--quiet", "--out", str(tmp_path / "run")], 1,
                    "PytorchStreamWriter failed writing file", "the disk may be full")
 
