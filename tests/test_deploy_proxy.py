@@ -52,3 +52,23 @@ def test_a_failed_run_names_the_process_and_quotes_its_log(tmp_path, monkeypatch
     msg = deploy._failure(0, [], tmp_path, {"status": "diverged", "stop_reason": "round 2: NaN", "rounds": 1})
     assert "status 'diverged': round 2: NaN" in msg and "Run failed" in msg
 
+
+
+@pytest.mark.parametrize("given", ["rel/data", "./rel/data", "../up/data"])
+def test_deploy_makes_a_relative_fedblend_data_absolute(given, tmp_path, monkeypatch):
+    """``FEDBLEND_DATA`` relative to where ``fedblend deploy`` is started (the README's form) reaches the app as
+    the absolute folder: the ServerApp and the SuperNodes run in other folders, where the relative path would
+    name nothing (the run failed with "ServerApp exit code 201")."""
+    import fedblend.flower.deploy as dp
+    from fedblend.config import RunConfig
+
+    seen = {}
+    monkeypatch.setattr(dp, "_bin", lambda name: name)
+    monkeypatch.setattr(dp, "_deploy_locked", lambda cfg, out, work, nodes, data_dir, *a, **k: seen.update(d=data_dir))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("FEDBLEND_DATA", given)
+    dp.deploy_local(RunConfig(), tmp_path / "out", 1)
+    assert seen["d"] == (tmp_path / "cwd" / given).resolve() and seen["d"].is_absolute()
+    dp.deploy_local(RunConfig(), tmp_path / "out2", 1, data_dir="explicit")  # a given --data-dir wins
+    assert seen["d"] == "explicit"

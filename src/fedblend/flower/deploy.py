@@ -35,6 +35,7 @@ from typing import Any
 
 from fedblend.common.errors import FedblendError
 from fedblend.config import RunConfig
+from fedblend.data.sources import ENV_VAR
 
 CONNECTION = "fedblend-local"
 SUPEREXEC_POLL = 0.1  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes deploy starts (Flower's default: 1.0)
@@ -325,6 +326,8 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     from fedblend.rundir import DirLock, RunLockedError, check_out_dir, locked_by
 
     out = Path(out).resolve()
+    if data_dir is None and os.environ.get(ENV_VAR):  # a relative FEDBLEND_DATA (the README's form) would be read
+        data_dir = Path(os.environ[ENV_VAR]).expanduser().resolve()  # from the ServerApp's and nodes' own folders
     _bin("flower-superlink")  # the extra is installed (else a clear error before anything is written)
     check_out_dir(out, resume, force)
     if nodes < 1:
