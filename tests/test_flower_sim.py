@@ -215,3 +215,14 @@ def test_two_node_ray_cluster_equals_sequential(ray_cluster, tmp_path, monkeypat
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster)
     simulate(cfg, tmp_path / "sim")
     assert_equal_runs(tmp_path / "seq", tmp_path / "sim", "fedala")
+
+
+def test_local_simulation_binds_ray_to_loopback_and_a_cluster_is_joined_only_when_named():
+    """A local ``flower-sim`` run starts its private Ray instance on 127.0.0.1, not on the machine's network
+    address; only an explicit address (``RAY_ADDRESS``) joins a cluster, and then nothing local is set."""
+    from fedblend.flower.sim import backend_config
+
+    local = backend_config(2, None)["init_args"]
+    assert local["address"] == "local" and local["_node_ip_address"] == "127.0.0.1" and local["num_cpus"] == 2
+    cluster = backend_config(2, "10.0.0.5:6379")["init_args"]
+    assert cluster["address"] == "10.0.0.5:6379" and "_node_ip_address" not in cluster and "num_cpus" not in cluster

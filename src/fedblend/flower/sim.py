@@ -94,9 +94,11 @@ def client_app(rc: dict) -> ClientApp:
 
 def backend_config(actors: int, address: str | None) -> dict:
     """Flower's Ray backend config: one CPU per actor; a private local instance with ``actors`` CPUs and a
-    capped object store, or the cluster at ``address``."""
+    capped object store, on loopback only (joining a cluster is explicit: ``address``), or the cluster at
+    ``address``."""
     init: dict[str, Any] = {"address": address} if address else {
-        "address": "local", "num_cpus": int(actors), "object_store_memory": OBJECT_STORE_BYTES}
+        "address": "local", "num_cpus": int(actors), "object_store_memory": OBJECT_STORE_BYTES,
+        "_node_ip_address": "127.0.0.1"}  # a local simulation binds to loopback, not the machine's address
     init.update(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     return {"init_args": init, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
