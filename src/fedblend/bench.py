@@ -102,16 +102,26 @@ def peak_memory_mib(device: str) -> dict[str, float]:
     return out
 
 
-def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -> dict[str, Any]:
-    """Time ``rounds`` engine rounds of ``cfg`` against the plain loops (see module docstring)."""
+def _prepare(cfg: RunConfig, rounds: int, data_dir) -> tuple[RunConfig, Any, str]:
+    """The checked config, its federated data and device, after checking ``rounds``."""
     cfg = check_config(cfg)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"bench rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
-    fed = build_data(cfg, data_dir)
-    device = cfg.resolved_device()
+    return cfg, build_data(cfg, data_dir), cfg.resolved_device()
+
+
+def _timed_sim(cfg: RunConfig, fed, device: str) -> Simulation:
+    """A simulation whose rounds never evaluate on their own (evaluation is timed separately) and never end."""
     sim = create_simulation(cfg, fed, device=device)
-    sim.protocol = dataclasses.replace(sim.protocol, every=10**9)  # evaluation is timed on its own below
+    sim.protocol = dataclasses.replace(sim.protocol, every=10**9)
     sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
+    return sim
+
+
+def bench(cfg: RunConfig, rounds: int = 3, data_dir: str | Path | None = None) -> dict[str, Any]:
+    """Time ``rounds`` engine rounds of ``cfg`` against the plain loops (see module docstring)."""
+    cfg, fed, device = _prepare(cfg, rounds, data_dir)
+    sim = _timed_sim(cfg, fed, device)
     eng_t, plain_t, eng_e, plain_e, samples, clients = [], [], [], [], [], []
     with sim:
         for r in range(rounds):
@@ -179,19 +189,10 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
                      data_dir: str | Path | None = None) -> dict[str, Any]:
     """Time ``rounds`` training rounds (and one evaluation after each) of ``cfg`` under each backend, interleaved
     round by round in this process (see module docstring)."""
-    cfg = check_config(cfg)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
-        raise ConfigError(f"bench rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
     if not backends or len(set(backends)) != len(backends):
         raise ConfigError(f"bench --backends must name distinct backends, got {backends!r}")
-    fed = build_data(cfg, data_dir)
-    device = cfg.resolved_device()
-    sims = {}
-    for b in backends:
-        sim = create_simulation(dataclasses.replace(cfg, backend=b), fed, device=device)
-        sim.protocol = dataclasses.replace(sim.protocol, every=10**9)
-        sim.run_info = dataclasses.replace(sim.run_info, rounds=10**9)
-        sims[b] = sim.__enter__()
+    cfg, fed, device = _prepare(cfg, rounds, data_dir)
+    sims = {b: _timed_sim(dataclasses.replace(cfg, backend=b), fed, device).__enter__() for b in backends}
     times = {b: {"train": [], "eval": [], "cpu": []} for b in backends}
     acc, samples = {}, []
     try:
@@ -215,8 +216,8 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
             sim.__exit__(None, None, None)
     peak = measured_peak_flops(device)
     mean = lambda v: sum(v) / len(v)  # noqa: E731
-    base = mean(times[backends[0]]["train"][1:] or times[backends[0]]["train"])
-    base_cpu = mean(times[backends[0]]["cpu"][1:] or times[backends[0]]["cpu"])
+    steady = lambda v: mean(v[1:] or v)  # noqa: E731 - rounds 2+: the first warms up (allocations, caches)
+    base, base_cpu = steady(times[backends[0]]["train"]), steady(times[backends[0]]["cpu"])
     where = (torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda"
              else f"{platform.machine()} CPU, {torch.backends.cpu.get_cpu_capability()}")
     out = {"config": cfg.label, "method": cfg.method, "device": device, "device_name": where,
@@ -224,14 +225,13 @@ def compare_backends(cfg: RunConfig, backends: list[str], rounds: int = 3,
            "rounds": rounds, "samples_per_round": mean(samples), "train_flops_per_sample": flops,
            "peak_flops": peak, "backends": {}}
     for b in backends:
-        tr = times[b]["train"][1:] or times[b]["train"]  # rounds 2+: the first warms up (allocations, caches)
-        cpu = times[b]["cpu"][1:] or times[b]["cpu"]
-        sps = mean(samples) / mean(tr)
-        out["backends"][b] = {"train_s_per_round": mean(tr), "eval_s": mean(times[b]["eval"]),
-                              "speedup_vs_" + backends[0]: base / mean(tr), "accuracy": acc.get(b),
+        tr, cpu = steady(times[b]["train"]), steady(times[b]["cpu"])
+        sps = mean(samples) / tr
+        out["backends"][b] = {"train_s_per_round": tr, "eval_s": mean(times[b]["eval"]),
+                              "speedup_vs_" + backends[0]: base / tr, "accuracy": acc.get(b),
                               # CPU seconds of this process (threads and workers' not counted): on a shared
                               # machine the steadier measure of a one-thread CPU backend
-                              "train_cpu_s_per_round": mean(cpu), "cpu_speedup_vs_" + backends[0]: base_cpu / mean(cpu),
+                              "train_cpu_s_per_round": cpu, "cpu_speedup_vs_" + backends[0]: base_cpu / cpu,
                               "samples_per_s": sps, "fraction_of_peak": sps * flops / peak,
                               "train_s_by_round": times[b]["train"]}
     return {**out, **peak_memory_mib(device)}
