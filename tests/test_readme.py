@@ -38,10 +38,28 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert command in _bash_lines(README)
 
 
+@pytest.fixture
+def snippet_module(tmp_path, monkeypatch):
+    """The README's own-method snippet as the module ``myprox`` on ``sys.path``; the registry and the module
+    cache are restored afterwards (a plug-in named by path registers itself)."""
+    import sys
+
+    from fedblend.algorithms import METHODS
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "myprox.py").write_text(_own_method_snippet())
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    saved = dict(METHODS)
+    yield
+    METHODS.clear()
+    METHODS.update(saved)
+    sys.modules.pop("myprox", None)
+
+
 def _own_method_snippet() -> str:
     block = next(m.group(1) for m in re.finditer(r"^```python\n(.*?)^```", README, re.S | re.M)
                  if "class MyProx" in m.group(1))
-    assert len([line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 16
+    assert len([line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 13
     return block
 
 
@@ -55,10 +73,7 @@ def _history(out: Path) -> list[tuple]:
     return [(r["acc"], r["train_loss"]) for r in rows]
 
 
-def test_readme_own_method_runs_as_a_plugin_and_equals_the_builtin_fedprox(tmp_path, monkeypatch):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "myprox.py").write_text(_own_method_snippet())
-    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+def test_readme_own_method_runs_as_a_plugin_and_equals_the_builtin_fedprox(tmp_path, snippet_module):
     command = re.search(r"#\s+(fedblend run .*)", README).group(1).split()  # the snippet's own command line
     assert command[:3] == ["fedblend", "run", "configs/quickstart.toml"] and "method=myprox:MyProx" in command
     assert main(["run", "--set", "method=myprox:MyProx", *MU, *ARGS, "--out", str(tmp_path / "mine")]) == 0
@@ -69,11 +84,9 @@ def test_readme_own_method_runs_as_a_plugin_and_equals_the_builtin_fedprox(tmp_p
     assert _history(tmp_path / "fedavg") != mine  # the proximal term changes training
 
 
-def test_readme_own_method_command_line_loads_with_the_snippet_importable(tmp_path, monkeypatch):
+def test_readme_own_method_command_line_loads_with_the_snippet_importable(snippet_module):
     from tests.test_docs_commands import check
 
-    (tmp_path / "myprox.py").write_text(_own_method_snippet())
-    monkeypatch.syspath_prepend(str(tmp_path))
     check(re.search(r"#\s+(fedblend run .*)", README).group(1))
     with pytest.raises(Exception):  # noqa: B017 - the config's own error: the snippet has no option 'nu'
         check("fedblend run configs/quickstart.toml --set method=myprox:MyProx --set options.nu=1")
