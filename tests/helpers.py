@@ -41,14 +41,15 @@ def history(out) -> list[dict]:
 NODE_TIMEOUT = 300
 
 
-def load_script(name: str):
-    """The module ``scripts/<name>.py`` (scripts are not a package), registered in ``sys.modules`` so that its
-    dataclasses can look their module up."""
+def load_script(name: str, folder: str = "scripts"):
+    """The module ``<folder>/<name>.py`` (``scripts/``: the user tools; ``bookkeeping/``: the project's own
+    tooling; neither is a package), registered in ``sys.modules`` so that its dataclasses can look their module
+    up."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)

@@ -1,5 +1,5 @@
 """Every method on a CUDA device (``device = "cuda"``); skipped where PyTorch sees no CUDA device (CI has none;
-``scripts/gpu_check.sh`` runs this module on a GPU machine).
+``bookkeeping/gpu_check.sh`` runs this module on a GPU machine).
 
 What a GPU must not change, checked for every registered method and every method + transform:
 

@@ -1,12 +1,12 @@
 """Refactors do not move results: the synthetic runs of every method and method+transform (the first eleven
 recorded before the message-based interface, the others before issue 22's refactor, all by
 ``tests/golden/record_synthetic.py``) are reproduced, every round and field except wall-clock times. The
-real-data benchmark goldens (``tests/golden/benchmarks``) are checked by ``scripts/golden.py check`` (too slow
+real-data benchmark goldens (``tests/golden/benchmarks``) are checked by ``bookkeeping/golden.py check`` (too slow
 for the default suite).
 
 The goldens were recorded on one CPU and are checked on whatever CPU runs the suite, so floats are compared with
 the cross-machine tolerance of ``fedblend.common.histories`` and everything discrete exactly (bit-equality holds
-only between two runs on the same machine: see the backend and resume tests, and ``scripts/golden.py --exact``).
+only between two runs on the same machine: see the backend and resume tests, and ``bookkeeping/golden.py --exact``).
 The per-client fields (``per_client``, ``global_per_client``: each client's correct count and sample count) were
 added after the goldens were recorded; they are left out of the comparison (``without_per_client``) rather than
 re-recorded, so every field the goldens hold must still match, and

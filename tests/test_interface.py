@@ -5,7 +5,6 @@ process backend's failure modes, and the device / backend config fields."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -456,12 +455,12 @@ def test_batched_sgd_equals_sgd_train_per_client_on_ragged_clients(case):
         assert any(r.steps != batched[0].steps for r in batched)  # really ragged
 
 
-def test_bench_backends_times_each_backend_on_the_same_rounds_and_they_agree(capsys, tmp_path):
+def test_bench_backends_times_each_backend_on_the_same_rounds_and_they_agree(capsys):
     """``fedblend bench --backends sequential,vmap``: both backends run the same rounds, their accuracies agree
     within float tolerance, speed-ups are relative to the first, the FLOPs and the fraction of the peak are
-    reported; ``scripts/gpu_speed.py`` writes the same as speed.json; a bad list is refused as bad input."""
+    reported; a bad list is refused as bad input (``bookkeeping/gpu_speed.py``, which writes the same as
+    speed.json: tests/bookkeeping/test_gpu_speed_script.py)."""
     import json
-    import runpy
 
     from fedblend.cli.main import main
 
@@ -479,10 +478,3 @@ def test_bench_backends_times_each_backend_on_the_same_rounds_and_they_agree(cap
     assert len(seq["train_s_by_round"]) == 2
     assert main(["bench", *flags, "--backends", "sequential,warp"]) == 2
     assert "--backends" in capsys.readouterr().err
-    cfg = tmp_path / "tiny.toml"
-    cfg.write_text('dataset = "synthetic"\nmodel = "mlp"\n[partition]\nnum_clients = 4\nmin_samples = 5\n')
-    mod = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "gpu_speed.py"))
-    assert mod["main"]([str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "--rounds", "1",
-                        "--configs", str(cfg)]) == 0
-    doc = json.loads((tmp_path / "out" / "speed.json").read_text())
-    assert doc["device"] == "cpu" and set(doc["configs"][0]["backends"]) == {"sequential", "vmap"}

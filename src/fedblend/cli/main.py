@@ -120,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-code-change", action="store_true", help="with --resume: continue even when a "
                      "plug-in's source changed since the run started (refused otherwise; the summary records both)")
     run.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads (default 1, as "
-                     "sweep: small models on a shared CPU run fastest so; see README)")
+                     "sweep: small models on a shared CPU run fastest so; measured in docs/benchmarks.md)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--check", action="store_true", help="check the config, OUT, the data, the partition and the "
                      "model as a run would before its first round, and stop: the --dry-run without timing a client "

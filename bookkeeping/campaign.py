@@ -1,8 +1,8 @@
 """Run the campaigns' missing runs (``tables.py left --commands``), N at a time, each at its own commit, until a
 deadline: what a session on a fresh machine starts first.
 
-    python scripts/tables.py left --commands > queue.txt     # then reorder or delete lines as the plan needs
-    setsid nohup python scripts/campaign.py queue.txt --until 22:05 --jobs 2 --base ~/campaign &
+    python bookkeeping/tables.py left --commands > queue.txt     # then reorder or delete lines as the plan needs
+    setsid nohup python bookkeeping/campaign.py queue.txt --until 22:05 --jobs 2 --base ~/campaign &
 
 A queue line is ``MINUTES<TAB>COMMIT<TAB>fedblend run|pretrain CONFIG ARGS...`` (lines starting with ``#`` are
 skipped). Every command runs as ``python -m fedblend.cli.main`` imported from a detached worktree of this
@@ -26,7 +26,7 @@ earlier runner started and never saw end (the session's end stopped both) and pu
 queue, so a cut run resumes first, without anyone re-adding its line. The log
 (``BASE/campaign.log``) has a line per start and end (for a pre-training, whether its agent file is the
 committed one, :func:`agent_note`; for a run that failed, where its output is: its line goes to
-``QUEUE.failed``, :func:`failed`, to be queued again once the cause is fixed); ``python scripts/tables.py
+``QUEUE.failed``, :func:`failed`, to be queued again once the cause is fixed); ``python bookkeeping/tables.py
 collect-left BASE/runs`` copies the finished runs into ``results/``.
 """
 

@@ -2,7 +2,7 @@
 the vmap backend (``fedblend bench --backends sequential,vmap``: interleaved rounds, rounds 2+ averaged), with the
 device's measured float32 peak and the fraction of it each backend reaches, written to ``OUT/speed.json``.
 
-    python scripts/gpu_speed.py results/gpu/<device>-<date> [--device cuda] [--rounds 3] [--configs A.toml ...]
+    python bookkeeping/gpu_speed.py results/gpu/<device>-<date> [--device cuda] [--rounds 3] [--configs A.toml ...]
 
 Run it first whenever a GPU is lent (about 3 minutes on one H100 with the default configs). On a CPU it runs as
 well (``--device cpu``), which is how it is tested; the default configs then take long, so name small ones.

@@ -7,9 +7,9 @@
 #      the two GPU histories must be identical, and the GPU-vs-CPU differences are printed;
 #   3. `fedblend bench` of the same config on the GPU and on the CPU (engine vs plain loop on each device;
 #      BENCH_DEVICES="cuda" for the GPU alone).
-# Usage: bash scripts/gpu_check.sh OUTDIR   (FEDBLEND_DATA must hold mnist/; PYTHON defaults to python3)
+# Usage: bash bookkeeping/gpu_check.sh OUTDIR   (FEDBLEND_DATA must hold mnist/; PYTHON defaults to python3)
 set -uo pipefail
-out=${1:?usage: scripts/gpu_check.sh OUTDIR}
+out=${1:?usage: bookkeeping/gpu_check.sh OUTDIR}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

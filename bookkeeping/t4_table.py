@@ -1,6 +1,6 @@
 """Collect T4 runs (pFedRLLA paper protocol) into the docs/benchmarks.md tables.
 
-    python scripts/t4_table.py RUNS_ROOT            # prints markdown tables
+    python bookkeeping/t4_table.py RUNS_ROOT            # prints markdown tables
 
 Run folders are named ``t4-{dataset}-{partition}-{row}-s{seed}`` (as ``fedblend run ... --out``); each holds the
 run's ``summary.json``. Prints, per dataset: best personalized test accuracy (mean ± sample std over seeds, ``n``

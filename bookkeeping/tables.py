@@ -17,14 +17,14 @@ Layout of ``results/`` (each run folder holds only ``config.toml``, ``summary.js
 A generated table sits in a doc between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``; nothing between the
 markers is typed by hand.
 
-    python scripts/tables.py                      # rewrite every generated block in place
-    python scripts/tables.py --check              # exit 1 naming each block that differs from results/
-    python scripts/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
-    python scripts/tables.py left                 # the campaigns' rows that still miss seeds (GOALS)
-    python scripts/tables.py left --commands      # the commands that run them (MINUTES, COMMIT, COMMAND)
-    python scripts/tables.py collect-left runs    # their finished runs, each into its table's results folder
+    python bookkeeping/tables.py                      # rewrite every generated block in place
+    python bookkeeping/tables.py --check              # exit 1 naming each block that differs from results/
+    python bookkeeping/tables.py collect SWEEP_DIR results/t3/pat   # copy a sweep's finished runs into results/
+    python bookkeeping/tables.py left                 # the campaigns' rows that still miss seeds (GOALS)
+    python bookkeeping/tables.py left --commands      # the commands that run them (MINUTES, COMMIT, COMMAND)
+    python bookkeeping/tables.py collect-left runs    # their finished runs, each into its table's results folder
 
-``tests/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
+``tests/bookkeeping/test_docs_tables.py`` runs the check, so a number in the docs that results/ does not give fails the suite.
 """
 
 from __future__ import annotations
@@ -722,7 +722,7 @@ def agent_record(run: Path, base: Path) -> str | None:
     """For a run whose config loads an agent file (``options.agent``, relative to ``base``, the runs' working
     directory) and whose ``summary.json`` does not record that file's sha256 itself (``run.inputs``: runs from
     8b98e5f on do): the ``agent.sha256`` line (``sha256sum``'s format) of the file as it is now, the agent the run
-    loaded as long as no pre-training rewrote it since (``scripts/campaign.py`` starts a pre-trained row only
+    loaded as long as no pre-training rewrote it since (``bookkeeping/campaign.py`` starts a pre-trained row only
     after its pre-training has ended). A re-made agent can differ from the committed one (another CPU), so the
     run must say which it loaded. None when there is nothing to record; stops when the file is gone."""
     import tomllib
@@ -809,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = check()
         for s in stale:
-            print(f"stale: {s} (run python scripts/tables.py)")
+            print(f"stale: {s} (run python bookkeeping/tables.py)")
         return 1 if stale else 0
     for path in docs():
         new, changed = regenerate(path.read_text())

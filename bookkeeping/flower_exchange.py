@@ -1,6 +1,6 @@
 """Where a Flower exchange's time goes, at Flower's pace and at fedblend's (issue #24): one command, one table.
 
-    python scripts/flower_exchange.py --out runs/flower-exchange [--rounds 2] [--nodes 2] [--repeats 1]
+    python bookkeeping/flower_exchange.py --out runs/flower-exchange [--rounds 2] [--nodes 2] [--repeats 1]
 
 The issue's loopback config (Fashion-MNIST, 4 clients, MNIST-NN, FedAvg, 2 rounds, every client every round,
 2 SuperNodes: real SuperLink / SuperNode processes, ``fedblend.flower.deploy.deploy_local``) is deployed twice

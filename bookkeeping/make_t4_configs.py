@@ -1,9 +1,9 @@
 """Write the T4 configs (pFedRLLA paper protocol on MNIST / Fashion-MNIST) (configs/t4/ and the core rows in configs/benchmarks/).
 
-    python scripts/make_t4_configs.py          # (re)writes configs/t4/t4-*.toml and the core rows
+    python bookkeeping/make_t4_configs.py          # (re)writes configs/t4/t4-*.toml and the core rows
 
 The core rows (``CORE``: FMNIST pathological s = 2, FedAvg and pFedRLLA) go to configs/benchmarks/, whose every
-config has a 3-round golden (tests/golden/benchmarks, ``scripts/golden.py record``); the rest of the grid goes to
+config has a 3-round golden (tests/golden/benchmarks, ``bookkeeping/golden.py record``); the rest of the grid goes to
 configs/t4/ (the pre-trained rows need an agent file first, see below, so they cannot have a golden).
 
 Protocol (shared/benchmarks.md T4, paper Sec. 4.1, notes "pFedRLLA"): 100 clients, 10% join (fixed), per-client
@@ -75,7 +75,7 @@ def config(name: str, method: str, dataset: str, part: dict, options: dict, targ
 
 def main() -> None:
     made = []
-    head = "T4 of shared/benchmarks.md (pFedRLLA protocol): see scripts/make_t4_configs.py"
+    head = "T4 of shared/benchmarks.md (pFedRLLA protocol): see bookkeeping/make_t4_configs.py"
     for ds, target in DATASETS.items():
         for pname, part in PARTITIONS.items():
             for mname, (method, opts) in METHODS.items():

@@ -4,9 +4,9 @@ round budget or a different headline (final instead of best round) explains.
 For each dataset it finds, per seed, the first evaluated round N at which FedAvg on the IID split reaches the
 paper's IID number, and reports non-IID FedAvg's best accuracy up to that round beside the paper's non-IID
 number. It also prints best, best-up-to-N and final accuracy for every row. Reads the directory layout of
-``scripts/run_benchmarks.py`` (``ROOT/<config name>/seed<k>/metrics.jsonl``).
+``bookkeeping/run_benchmarks.py`` (``ROOT/<config name>/seed<k>/metrics.jsonl``).
 
-    python scripts/fedalp_calibration.py /work/bench/t2
+    python bookkeeping/fedalp_calibration.py /work/bench/t2
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The benchmark tables in the docs are generated from the runs committed under results/ (``scripts/tables.py``):
+"""The benchmark tables in the docs are generated from the runs committed under results/ (``bookkeeping/tables.py``):
 a number in a generated block that results/ does not give fails here."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 
 from tests.helpers import load_script
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return load_script("tables")
+    return load_script("tables", "bookkeeping")
 
 
 def _run(root: Path, rel: str, seed: int, **summary) -> Path:

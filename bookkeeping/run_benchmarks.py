@@ -2,7 +2,7 @@
 
 A thin wrapper over ``fedblend sweep`` (kept so older commands keep working; use the command directly)::
 
-    python scripts/run_benchmarks.py configs/benchmarks/t1-fmnist-*-fedavg-ft.toml --seeds 0 1 2 \
+    python bookkeeping/run_benchmarks.py configs/benchmarks/t1-fmnist-*-fedavg-ft.toml --seeds 0 1 2 \
         --jobs 2 --out results/t1 [--set rounds=50] [--data-dir ../shared/data]
 
 is ``fedblend sweep ... --jobs 2 --threads 1 --out results/t1``: each run goes to ``OUT/<config-stem>/seed<S>``,

@@ -1,4 +1,4 @@
-"""``scripts/golden.py``: telling a float-only difference (another CPU's kernels, amplified by training) from a
+"""``bookkeeping/golden.py``: telling a float-only difference (another CPU's kernels, amplified by training) from a
 difference in what ran (sampled clients, byte counts, fields). The checks themselves run real data (too slow
 for the default suite)."""
 
@@ -11,7 +11,7 @@ ROW = {"round": 1, "selected": [0, 2], "bytes_up": [10, 10], "train_loss": 0.222
 
 @pytest.fixture(scope="module")
 def golden():
-    return load_script("golden")
+    return load_script("golden", "bookkeeping")
 
 
 def test_a_float_only_difference_beyond_the_tolerance_is_named(golden):

@@ -1,6 +1,6 @@
 """Two configs' rounds (training + evaluation) timed alternately in one process, on the same data.
 
-    python scripts/interleaved_rounds.py configs/benchmarks/t3-mnist-pat-fedavg.toml \\
+    python bookkeeping/interleaved_rounds.py configs/benchmarks/t3-mnist-pat-fedavg.toml \\
         configs/benchmarks/t3-mnist-pat-fedala.toml --rounds 5 --threads 2
 
 Interleaving removes the between-process noise of timing two runs separately (both see the same machine state

@@ -1,6 +1,6 @@
 """Every registered method on a loopback Flower federation vs ``fedblend run`` (issue #14, done-when 1 and 4).
 
-    python scripts/flower_check.py --out runs/flower-check [--nodes 3] [--rounds 2] [--methods fedavg fedala]
+    python bookkeeping/flower_check.py --out runs/flower-check [--nodes 3] [--rounds 2] [--methods fedavg fedala]
 
 For each method: the in-process run (``fedblend run --threads 1``) and the same config submitted with ``flwr run``
 to one SuperLink with ``--nodes`` SuperNodes (real processes on loopback, started once for all methods). Writes

@@ -1,4 +1,4 @@
-"""The benchmark figures in the docs are drawn from the runs committed under results/ (``scripts/figures.py``)."""
+"""The benchmark figures in the docs are drawn from the runs committed under results/ (``bookkeeping/figures.py``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from fedblend.cli.report import aggregate, find_runs
 from tests.helpers import load_script
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def figures():
-    return load_script("figures")
+    return load_script("figures", "bookkeeping")
 
 
 def test_every_figure_reads_committed_runs_and_a_doc_shows_it(figures):

@@ -1,4 +1,4 @@
-"""``scripts/campaign.py``: the campaign runner's queue parsing, deadline and agent checks (the runs themselves
+"""``bookkeeping/campaign.py``: the campaign runner's queue parsing, deadline and agent checks (the runs themselves
 are ``fedblend run`` / ``pretrain`` commands, tested elsewhere)."""
 
 import datetime as dt
@@ -10,7 +10,7 @@ from tests.helpers import load_script
 
 @pytest.fixture(scope="module")
 def campaign():
-    return load_script("campaign")
+    return load_script("campaign", "bookkeeping")
 
 
 def test_parse_reads_tables_left_commands_lines_and_skips_comments(campaign):

@@ -1,4 +1,4 @@
-"""scripts/fedrep_phases.py (docs/methods/fedrep.md, the T3 collapse): it logs each client's head and
+"""bookkeeping/fedrep_phases.py (docs/methods/fedrep.md, the T3 collapse): it logs each client's head and
 representation phase of every round, and the run it wraps is unchanged."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _metrics(out):
 
 def test_phases_are_logged_per_client_and_round_and_the_run_is_unchanged(tmp_path, restore_fedrep):
     assert main(["run", *ARGS, "--out", str(tmp_path / "plain")]) == 0
-    script = load_script("fedrep_phases")
+    script = load_script("fedrep_phases", "bookkeeping")
     assert script.main([*ARGS, "--out", str(tmp_path / "probe")]) == 0
     rows = [json.loads(x) for x in (tmp_path / "probe" / "phases.jsonl").read_text().splitlines()]
     plain, probe = _metrics(tmp_path / "plain"), _metrics(tmp_path / "probe")

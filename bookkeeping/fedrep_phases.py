@@ -5,7 +5,7 @@ mean loss, the norm of every tensor of the model it returns, and whether every t
 in ``OUT/phases.jsonl`` (``round`` 1-based, as metrics.jsonl). The run itself is
 unchanged (the wrapper only reads what each phase returns), so its metrics equal a plain ``fedblend run``'s.
 
-    python scripts/fedrep_phases.py configs/benchmarks/t3-mnist-pat-fedavg.toml --out DIR \\
+    python bookkeeping/fedrep_phases.py configs/benchmarks/t3-mnist-pat-fedavg.toml --out DIR \\
         --set method=fedrep --set options.head_epochs=1 --set rounds=7 --threads 1
 """
 

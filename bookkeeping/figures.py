@@ -6,10 +6,10 @@ mean ± sample std over seeds, the seed count in the legend) and the metric. The
 one a user's ``fedblend report`` draws; the only difference is the grouping, by folder here (a folder's seeds
 were run from configs that differ in their ``name`` alone, which ``report`` would keep apart).
 
-    python scripts/figures.py            # redraw every figure from results/
-    python scripts/figures.py --list     # what each figure averages, and how many seeds each folder has now
+    python bookkeeping/figures.py            # redraw every figure from results/
+    python bookkeeping/figures.py --list     # what each figure averages, and how many seeds each folder has now
 
-Run it after ``python scripts/tables.py`` whenever the campaign adds seeds to a folder a figure reads.
+Run it after ``python bookkeeping/tables.py`` whenever the campaign adds seeds to a folder a figure reads.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ again and compares every remaining field: discrete fields exactly, floats within
 A refactor is proven on one machine: record the old code's goldens into a scratch folder, change the code, check
 against that folder with ``--exact``:
 
-    python scripts/golden.py record configs/benchmarks/*.toml --jobs 2 --golden /tmp/before
-    python scripts/golden.py check configs/benchmarks/*.toml --jobs 2 --golden /tmp/before --exact
-    python scripts/golden.py check configs/benchmarks/*.toml --jobs 2 [--set backend=processes ...]
+    python bookkeeping/golden.py record configs/benchmarks/*.toml --jobs 2 --golden /tmp/before
+    python bookkeeping/golden.py check configs/benchmarks/*.toml --jobs 2 --golden /tmp/before --exact
+    python bookkeeping/golden.py check configs/benchmarks/*.toml --jobs 2 [--set backend=processes ...]
 
 ``--set`` / ``--args`` apply in both modes: record a variant with ``--set options.storage=trained`` and check it
 with the same ``--set``; check the default goldens with ``--set backend=processes`` to prove a backend equal.
