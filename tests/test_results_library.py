@@ -135,6 +135,21 @@ def test_a_plug_in_diagnostic_is_shown_by_report(tmp_path, capsys, plugin):
     assert 'rounds_seen: {"rows": 3, "has_checkpoint": true}' in out
 
 
+def test_fedapa_heatmap_script_draws_the_diagnostic_into_one_folder_and_keeps_only_the_rounds_asked(tmp_path,
+                                                                                                    capsys):
+    pytest.importorskip("matplotlib")
+    from tests.helpers import load_script
+
+    run = _run(tmp_path, "apa", "method='fedapa'", "options.heatmap_rounds=[1,2]")
+    assert load_script("fedapa_heatmap").main([str(run), "--out", str(tmp_path / "hm"), "--rounds", "2"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in (tmp_path / "hm").glob("*.png")) == ["fedapa_weights_latest.png",
+                                                                       "fedapa_weights_round0002.png"]
+    assert printed[:2] == [str(tmp_path / "hm" / "fedapa_weights_round0002.png"),
+                           str(tmp_path / "hm" / "fedapa_weights_latest.png")]
+    assert set(json.loads(printed[2])) == {"same_class_mass", "chance_level", "mean_self_weight"}
+
+
 def test_runs_with_the_same_folder_name_get_distinct_diagnostics_folders(tmp_path):
     a, b = tmp_path / "x" / "seed0", tmp_path / "y" / "seed0"
     assert run_names([a, b]) == ["x__seed0", "y__seed0"]

@@ -19,10 +19,9 @@ from typing import Any
 from fedblend.common.errors import UserFileError
 from fedblend.common.jsonio import read_json_object, read_jsonl
 from fedblend.config import config_hash
-from fedblend.results.schema import REQUIRED, summary_problems
+from fedblend.results.schema import summary_problems
 
 MARKERS = ("summary.json", "metrics.jsonl")  # a directory holding either is a run (finished or not)
-SUMMARY_KEYS = tuple(REQUIRED)  # what a finished run's summary must hold (results.schema)
 
 
 def is_run(p: Path) -> bool:
