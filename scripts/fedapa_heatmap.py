@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = Path(args.run_dir)
     keep = {f"fedapa_weights_round{r:04d}" for r in args.rounds or ()}
-    items = [i for i in run_items(run)[1] if isinstance(i, ClientWeights) and i.name.startswith("fedapa_weights")]
+    items = [i for i in run_items(run)[1] or () if isinstance(i, ClientWeights) and i.name.startswith("fedapa_weights")]
     items = [i for i in items if args.rounds is None or i.name in keep or i.name.endswith("latest")]
     values = None
     for item in items:

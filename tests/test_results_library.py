@@ -110,6 +110,15 @@ def test_report_diagnostics_draws_fedapa_and_ala_and_skips_a_run_it_cannot_build
     assert any(p.name.startswith("ala_w_rounds_") for p in (diag / "ala").glob("*.png"))
     assert all(p.stat().st_size > 1000 for p in diag.rglob("*.png"))
     assert f"{ala} (FedALA):" in out and f"{apa} (FedAPA):" in out
+    assert "no diagnostics registered" not in out
+
+
+def test_report_diagnostics_counts_the_runs_whose_method_registered_none_in_one_line(tmp_path, capsys):
+    for i in range(2):
+        _run(tmp_path / "runs", f"avg{i}", f"seed={i}")
+    assert main(["report", str(tmp_path / "runs"), "--diagnostics"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no diagnostics registered") == 1 and "no diagnostics registered: 2 run(s) of FedAvg" in out
 
 
 def test_ala_diagnostic_reads_the_weights_the_clients_keep_and_the_rounds_metrics(tmp_path):

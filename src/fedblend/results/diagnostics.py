@@ -32,9 +32,9 @@ from fedblend.results.names import method_name
 from fedblend.results.runs import find_runs, read_metrics, run_config
 
 
-def run_items(run: Path) -> tuple[str, list[Item]]:
-    """The run's method spec and what its diagnostics return; a :class:`FedblendError` naming the run when its
-    method cannot be built from its config."""
+def run_items(run: Path) -> tuple[str, list[Item] | None]:
+    """The run's method spec and what its diagnostics return (None: its method registered none); a
+    :class:`FedblendError` naming the run when its method cannot be built from its config."""
     cfg = run_config(run)
     if not cfg.get("method"):
         raise FedblendError(f"{run}: no config (summary.json or config.toml) to build its method from")
@@ -42,35 +42,49 @@ def run_items(run: Path) -> tuple[str, list[Item]]:
         method = config_from_dict(cfg).build_method()
     except (FedblendError, ValueError, TypeError) as exc:
         raise FedblendError(f"{run}: its method {cfg['method']!r} cannot be built here: {exc}") from exc
+    found = diagnostics_of(method)
+    if not found:
+        return cfg["method"], None
     files = RunFiles(run, method, read_metrics(run))
-    return cfg["method"], [item for fn in diagnostics_of(method) for item in fn(files)]
+    return cfg["method"], [item for fn in found for item in fn(files)]
 
 
 def diagnostics(paths: list[str | Path], out_dir: str | Path | None = None) -> str:
     """The diagnostics of every run under ``paths`` as text; figures and ``diagnostics.json`` written to
-    ``out_dir/<run>/`` when ``out_dir`` is given (the caller holds its lock)."""
+    ``out_dir/<run>/`` when ``out_dir`` is given (the caller holds its lock). Runs whose method registered no
+    diagnostic are counted in one line at the end."""
     runs = find_runs(paths)
-    names = run_names(runs)
-    lines = ["", "diagnostics:"]
-    for run, name in zip(runs, names):
+    lines, without = ["", "diagnostics:"], {}
+    for run, name in zip(runs, run_names(runs)):
         try:
             spec, items = run_items(run)
         except (FedblendError, OSError) as exc:
             lines.append(f"{run}: skipped ({exc})")
             continue
-        lines.append(f"{run} ({method_name(spec)}):" + ("" if items else " no diagnostics registered"))
-        folder = Path(out_dir) / name if out_dir is not None else None
-        numbers = {}
-        for item in items:
-            shown, values = render(item, run, folder)
-            lines.append(f"  {shown}")
-            if values:
-                numbers[item.name] = values
-        if folder is not None and numbers:
-            (folder / "diagnostics.json").write_text(dumps(numbers, indent=2))
+        if items is None:
+            without[spec] = without.get(spec, 0) + 1
+            continue
+        lines.append(f"{run} ({method_name(spec)}):" + ("" if items else " nothing to show (no checkpoint.pt?)"))
+        lines += _render_run(items, run, Path(out_dir) / name if out_dir is not None else None)
+    if without:
+        lines.append(f"no diagnostics registered: {sum(without.values())} run(s) of "
+                     f"{', '.join(method_name(s) for s in sorted(without))}")
     if out_dir is None:
         lines.append("(figures: report --out DIR --diagnostics writes them to DIR/diagnostics)")
     return "\n".join(lines) + "\n"
+
+
+def _render_run(items: list[Item], run: Path, folder: Path | None) -> list[str]:
+    """Draw a run's items into ``folder`` (when given), its numbers into ``diagnostics.json``; the lines to print."""
+    lines, numbers = [], {}
+    for item in items:
+        shown, values = render(item, run, folder)
+        lines.append(f"  {shown}")
+        if values:
+            numbers[item.name] = values
+    if folder is not None and numbers:
+        (folder / "diagnostics.json").write_text(dumps(numbers, indent=2))
+    return lines
 
 
 def run_names(runs: list[Path]) -> list[str]:
