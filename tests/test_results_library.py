@@ -113,6 +113,17 @@ def test_report_diagnostics_draws_fedapa_and_ala_and_skips_a_run_it_cannot_build
     assert "no diagnostics registered" not in out
 
 
+def test_report_diagnostics_names_a_damaged_checkpoint_and_reports_the_other_runs(tmp_path, capsys):
+    good = _run(tmp_path / "runs", "good", "method='fedapa'")
+    bad = _run(tmp_path / "runs", "bad", "method='fedapa'", "seed=1")
+    (bad / "checkpoint.pt").write_bytes((bad / "checkpoint.pt").read_bytes()[:300])
+    assert main(["report", str(tmp_path / "runs"), "--diagnostics"]) == 0
+    out = capsys.readouterr().out
+    assert f"{bad}: skipped ({bad / 'checkpoint.pt'} is not a readable fedblend checkpoint" in out
+    shown = out.split(f"{good} (FedAPA):\n", 1)[1].splitlines()
+    assert next(x for x in shown if not x.startswith("  fedapa_weights_round")).startswith("  fedapa_weights_latest: {")
+
+
 def test_report_diagnostics_counts_the_runs_whose_method_registered_none_in_one_line(tmp_path, capsys):
     for i in range(2):
         _run(tmp_path / "runs", f"avg{i}", f"seed={i}")
