@@ -199,7 +199,8 @@ def open_run(out: str | Path) -> RunResult:
             cfg = load_config(out / "config.toml")
         except ConfigError:
             cfg = None  # e.g. a plug-in that is not installed here: the numbers are still readable
-    return RunResult(cfg, out, summary, read_metrics(out))
+    fix = f"continue the run (fedblend run {out}/config.toml --out {out} --resume), delete the line, or leave {out} out"
+    return RunResult(cfg, out, summary, read_metrics(out, fix))
 
 
 # ------------------------------------------------------------------------------------------------ progress
