@@ -27,29 +27,36 @@ TINY = ["dataset='synthetic'", "model='mlp'", "rounds=3", "partition.num_clients
 
 PLUGIN = '''
 from fedblend.algorithms.fedavg import FedAvg
-from fedblend.core.diagnostics import Numbers, diagnostic
+from fedblend.core.diagnostics import Numbers, register_diagnostics
 
 
+def rounds_seen(run):
+    return [Numbers("rounds_seen", {"rows": len(run.metrics), "has_checkpoint": run.has_checkpoint()})]
+
+
+@register_diagnostics(rounds_seen)
 class Named(FedAvg):
-    name = "named"
+    name = "results_plugin_named"
     display_name = "My FedAvg"
 
 
 class Unnamed(FedAvg):
-    name = "unnamed"
-
-
-@diagnostic(Named)
-def rounds_seen(run):
-    return [Numbers("rounds_seen", {"rows": len(run.metrics), "has_checkpoint": run.has_checkpoint()})]
+    name = "results_plugin_unnamed"
 '''
 
 
 @pytest.fixture
-def plugin(tmp_path, monkeypatch) -> str:
+def plugin(tmp_path, monkeypatch):
+    """A plug-in module by path; the methods it registers (``find_plugin``) are gone after the test."""
+    from fedblend.algorithms import registry
+
     (tmp_path / "results_plugin.py").write_text(textwrap.dedent(PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
-    return "results_plugin"
+    before = {id(t): dict(t) for t in (registry.METHODS, registry.TRANSFORMS)}
+    yield "results_plugin"
+    for table in (registry.METHODS, registry.TRANSFORMS):  # the tables other modules hold: emptied in place
+        table.clear()
+        table.update(before[id(table)])
 
 
 def _run(tmp: Path, name: str, *extra: str) -> Path:

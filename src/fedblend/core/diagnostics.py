@@ -1,16 +1,21 @@
 """Method diagnostics: what a method or transform shows of a run beside the accuracy table.
 
-A method (or client transform, or plug-in) registers a function for its class with :func:`diagnostic`::
+A method (or client transform, or plug-in) declares its diagnostics on its class with
+:func:`register_diagnostics`, functions that read the run and return data::
 
-    @diagnostic(FedAPA)
     def weight_matrices(run: RunFiles) -> list[Item]:
         server = run.checkpoint()["server"]
-        return [ClientWeights("fedapa_weights_latest", "FedAPA aggregation weights", run.method.effective_weights(server))]
+        return [ClientWeights("fedapa_weights_latest", "FedAPA aggregation weights",
+                              run.method.effective_weights(server))]
+
+    @register_method
+    @register_diagnostics(weight_matrices)
+    class FedAPA(Method): ...
 
 ``fedblend report RUNS --diagnostics`` (:mod:`fedblend.results.diagnostics`) builds each run's method from its
 config and calls every diagnostic registered for the method's classes (its base classes' too) and its
-transforms'. A diagnostic reads the run's files and returns *data* (the items below), never a figure: drawing is
-the results library's, so a method module needs no matplotlib and every method's pictures look alike.
+transforms'. A diagnostic returns *data* (the items below), never a figure: drawing is the results library's, so a
+method module needs no matplotlib and every method's pictures look alike.
 """
 
 from __future__ import annotations
@@ -98,13 +103,14 @@ Diagnostic = Callable[[RunFiles], Sequence[Item]]
 _REGISTERED: dict[type, list[Diagnostic]] = {}
 
 
-def diagnostic(cls: type) -> Callable[[Diagnostic], Diagnostic]:
-    """Register the decorated function as a diagnostic of ``cls`` (a method or transform class, and its
-    subclasses)."""
+def register_diagnostics(*fns: Diagnostic) -> Callable[[type], type]:
+    """Class decorator: ``fns`` are diagnostics of the decorated method or transform class (and of its
+    subclasses, which may add their own)."""
 
-    def register(fn: Diagnostic) -> Diagnostic:
-        _REGISTERED.setdefault(cls, []).append(fn)
-        return fn
+    def register(cls: type) -> type:
+        known = _REGISTERED.setdefault(cls, [])
+        known += [fn for fn in fns if fn not in known]
+        return cls
 
     return register
 
