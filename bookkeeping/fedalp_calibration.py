@@ -12,9 +12,10 @@ number. It also prints best, best-up-to-N and final accuracy for every row. Read
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from fedblend.results.runs import read_metrics
 
 PAPER = {  # FedALP Table 2, MNIST-NN: FedAvg non-IID, FedALP global, FedALP local, FedAvg IID
     "mnist": {"fedavg": 87.25, "fedalp_global": 86.65, "fedalp_local": 94.46, "iid": 94.37},
@@ -23,7 +24,7 @@ PAPER = {  # FedALP Table 2, MNIST-NN: FedAvg non-IID, FedALP global, FedALP loc
 
 
 def evaluations(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run)
     return [r for r in rows if "acc" in r]
 
 

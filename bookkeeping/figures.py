@@ -2,7 +2,7 @@
 
 Each figure names its image, the results folders it averages (one curve per folder: every ``seed*`` run in it,
 mean ± sample std over seeds, the seed count in the legend) and the metric. The curves and the title come from
-``fedblend report``'s plotting (:func:`fedblend.cli.report.curves_figure`), so a figure in the docs looks like
+``fedblend report``'s plotting (:func:`fedblend.results.curves.curves_figure`), so a figure in the docs looks like
 one a user's ``fedblend report`` draws; the only difference is the grouping, by folder here (a folder's seeds
 were run from configs that differ in their ``name`` alone, which ``report`` would keep apart).
 
@@ -19,7 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedblend.cli.report import aggregate, find_runs, plot_curves
+from fedblend.results.curves import plot_curves
+from fedblend.results.runs import find_runs
+from fedblend.results.table import aggregate
 
 REPO = Path(__file__).resolve().parents[1]
 T1_SETTING = "FMNIST, 20 clients (0.6-1 join), LeNet-5, 50 rounds (T1: FedAPA Table 1)"

@@ -47,7 +47,7 @@ high = 1.0
 
 
 def main() -> int:
-    from fedblend.figures import method_name
+    from fedblend.results.names import method_name
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="configs/methods")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedblend.cli.report import mean_std_cell, paired_stats
+from fedblend.results.stats import mean_std_cell, paired_stats
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")

@@ -52,7 +52,7 @@ if "ipykernel" not in sys.modules:  # a script: write the figure, open no window
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedblend.figures import method_name, setting_text  # noqa: E402
+from fedblend.results.names import method_name, setting_text  # noqa: E402
 
 rows = result.per_client()
 clients = sorted({r["client"] for r in rows})

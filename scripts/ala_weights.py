@@ -23,17 +23,17 @@ It also prints the per-round time share. matplotlib is imported only here, so th
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from fedblend.core.checkpoint import load_checkpoint
+from fedblend.results.runs import read_metrics
 
 
 def load(run: Path) -> tuple[dict, list[dict]]:
     ck = load_checkpoint(run / "checkpoint.pt")
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics(run)
     return ck, metrics
 
 

@@ -2,10 +2,12 @@
 
     python scripts/fedapa_heatmap.py RUN_DIR [--out DIR] [--rounds 1 10 50]
 
-Reads RUN_DIR/checkpoint.pt (written every ``checkpoint_every`` rounds and at the end of a run) and writes one
-PNG per snapshot kept by the ``heatmap_rounds`` option (``fedapa_weights_roundNNNN.png``) plus the matrix after
-the checkpoint's last round (``fedapa_weights_latest.png``). Row i = the weights a_ij client i's personalized
-feature extractor is aggregated from (paper Eq. 5). matplotlib is imported only here.
+The same figures as ``fedblend report RUN_DIR --diagnostics --out DIR`` (FedAPA's registered diagnostic,
+:func:`fedblend.algorithms.fedapa.weight_matrices`, drawn by :mod:`fedblend.results.diagnostics`), written to one
+folder: one PNG per snapshot kept by the ``heatmap_rounds`` option (``fedapa_weights_roundNNNN.png``) plus the
+matrix after the checkpoint's last round (``fedapa_weights_latest.png``), read from RUN_DIR/checkpoint.pt. Row i =
+the weights a_ij client i's personalized feature extractor is aggregated from (paper Eq. 5). With the run's
+partition.json it prints the share of the latest matrix's off-diagonal weight that goes to clients sharing a class.
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from fedblend.algorithms.fedapa import FedAPA
-    from fedblend.cli.heatmaps import heatmaps_from_checkpoint, same_class_mass
-    from fedblend.core.checkpoint import FILENAME, load_checkpoint
+    from fedblend.core.diagnostics import ClientWeights
+    from fedblend.results.diagnostics import render, run_items
 
-    for p in heatmaps_from_checkpoint(args.run_dir, args.out, args.rounds):
-        print(p)
-    part = Path(args.run_dir) / "partition.json"
-    if part.exists():
-        server = load_checkpoint(Path(args.run_dir) / FILENAME)["server"]
-        counts = json.loads(part.read_text())["train_counts"]
-        print(json.dumps(same_class_mass(FedAPA().effective_weights(server), counts)))
+    run = Path(args.run_dir)
+    keep = {f"fedapa_weights_round{r:04d}" for r in args.rounds or ()}
+    items = [i for i in run_items(run)[1] or () if isinstance(i, ClientWeights) and i.name.startswith("fedapa_weights")]
+    items = [i for i in items if args.rounds is None or i.name in keep or i.name.endswith("latest")]
+    values = None
+    for item in items:
+        _, values = render(item, run, Path(args.out) if args.out else run)
+        print(Path(args.out or run) / f"{item.name}.png")
+    if values:
+        print(json.dumps(values))
     return 0
 
 

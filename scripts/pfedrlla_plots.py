@@ -39,9 +39,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from fedblend.results.runs import read_metrics  # noqa: E402
+
 
 def load_history(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return read_metrics(run)
 
 
 def class_sets(run: Path) -> list[frozenset]:

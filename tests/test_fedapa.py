@@ -12,10 +12,10 @@ import torch
 from fedblend.algorithms.fedapa import FedAPA, FedAPAOptions, update_rows, weight_gradient
 from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import build_method
-from fedblend.cli.heatmaps import heatmaps_from_checkpoint, same_class_mass
 from fedblend.common.options import ConfigError
 from fedblend.common.params import num_bytes
 from fedblend.core.message import Message
+from fedblend.results.heatmaps import same_class_mass
 from tests.helpers import run_client, tiny_sim, train_message
 
 RAW = FedAPAOptions(clip=False, self_weight=False, normalize=False)  # the bare Eq. 7 step
@@ -225,10 +225,16 @@ def test_end_to_end_deterministic_and_learns(tiny_fed, tmp_path):
     assert "global_acc" not in h1[-1] and h1[-1]["acc"] > 0.3
     assert sorted(s1.server["snapshots"]) == [1, 3]
     s1.save(tmp_path / "checkpoint.pt")
-    paths = heatmaps_from_checkpoint(tmp_path)
-    assert [p.name for p in paths] == ["fedapa_weights_round0001.png", "fedapa_weights_round0003.png",
-                                       "fedapa_weights_latest.png"]
-    assert all(p.stat().st_size > 1000 for p in paths)
+    from fedblend.core.diagnostics import RunFiles, diagnostics_of
+    from fedblend.results.diagnostics import render
+
+    items = [i for fn in diagnostics_of(s1.method) for i in fn(RunFiles(tmp_path, s1.method))]
+    assert [i.name for i in items] == ["fedapa_weights_round0001", "fedapa_weights_round0003", "fedapa_weights_latest"]
+    assert torch.equal(items[-1].matrix, s1.method.effective_weights(s1.server))
+    assert torch.equal(items[0].matrix, s1.server["snapshots"][1])
+    for item in items:
+        render(item, tmp_path, tmp_path / "fig")
+    assert all((tmp_path / "fig" / f"{i.name}.png").stat().st_size > 1000 for i in items)
 
 
 def test_authors_code_variant_runs(tiny_fed):

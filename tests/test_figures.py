@@ -51,7 +51,7 @@ def test_every_evaluation_records_each_clients_counts_and_the_summary_their_spre
 
 
 def test_run_plot_is_titled_by_method_and_setting(tmp_path):
-    from fedblend.figures import run_figure
+    from fedblend.results.figures import run_figure
 
     run = _run(tmp_path, "seed0", "method='fedprox+ala'", "partition.alpha=0.3", "seed=4")
     fig = run_figure(run)
@@ -85,7 +85,9 @@ def _fake_sweep(root: Path) -> None:
 
 
 def test_report_curves_legend_by_method_with_seeds_setting_and_band_stated(tmp_path):
-    from fedblend.cli.report import aggregate, curves_figure, find_runs
+    from fedblend.results.curves import curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     rows = aggregate(find_runs([tmp_path / "runs"]))
@@ -102,7 +104,9 @@ def test_report_curves_legend_by_method_with_seeds_setting_and_band_stated(tmp_p
 
 
 def test_report_curves_of_many_rows_put_the_legend_below_the_panels_and_zoom_only_the_accuracy_axis(tmp_path):
-    from fedblend.cli.report import LEGEND_INSIDE, aggregate, curves_figure, find_runs
+    from fedblend.results.curves import LEGEND_INSIDE, curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
@@ -120,7 +124,9 @@ def test_report_curves_of_many_rows_put_the_legend_below_the_panels_and_zoom_onl
 
 
 def test_report_global_curves_count_only_the_rows_that_have_a_global_model(tmp_path):
-    from fedblend.cli.report import aggregate, curves_figure, find_runs
+    from fedblend.results.curves import curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     for metrics in (tmp_path / "runs" / "t1-fmnist-dir-fedala").rglob("metrics.jsonl"):  # 2 seeds; FedAPA 3, no w
@@ -135,7 +141,9 @@ def test_report_global_curves_count_only_the_rows_that_have_a_global_model(tmp_p
 def test_report_curves_of_one_seed_per_row_say_so_once_and_name_no_band(tmp_path):
     import shutil
 
-    from fedblend.cli.report import aggregate, curves_figure, find_runs
+    from fedblend.results.curves import curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     for extra in (tmp_path / "runs").glob("*/seed[12]"):
@@ -147,7 +155,9 @@ def test_report_curves_of_one_seed_per_row_say_so_once_and_name_no_band(tmp_path
 
 
 def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_path):
-    from fedblend.cli.report import aggregate, curves_figure, find_runs
+    from fedblend.results.curves import curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
@@ -158,7 +168,9 @@ def test_report_curves_of_more_rows_than_colours_keep_every_line_distinct(tmp_pa
 
 
 def test_report_curves_give_a_row_with_a_slot_that_slots_colour_and_style_in_every_figure(tmp_path):
-    from fedblend.cli.report import LINE_STYLES, aggregate, curves_figure, find_runs
+    from fedblend.results.curves import LINE_STYLES, curves_figure
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_sweep(tmp_path / "runs")
     (row,) = [r for r in aggregate(find_runs([tmp_path / "runs"])) if r["n"] == 2]
@@ -178,8 +190,8 @@ def test_report_curves_give_a_row_with_a_slot_that_slots_colour_and_style_in_eve
 def test_legends_show_an_empty_config_value_and_per_client_labels_fit_their_box(tmp_path, monkeypatch):
     import matplotlib.axes
 
-    from fedblend.cli.report import legend_labels
-    from fedblend.figures import plot_client_distribution
+    from fedblend.results.figures import plot_client_distribution
+    from fedblend.results.table import legend_labels
 
     rows = [{"method": "pfedrlla", "label": f"r{i}", "_config": {"method": "pfedrlla", "options": {"agent": a}}}
             for i, a in enumerate(("", "agents/t4-fmnist-pat4.pt"))]
@@ -196,7 +208,7 @@ def test_legends_show_an_empty_config_value_and_per_client_labels_fit_their_box(
 
 def test_report_cli_acc_range_zooms_the_written_curves_and_refuses_a_reversed_or_out_of_range_pair(
         tmp_path, capsys, monkeypatch):
-    import fedblend.cli.report as rep
+    import fedblend.results.curves as rep
     from fedblend.cli.main import main
 
     drawn, real = [], rep.curves_figure
@@ -215,13 +227,13 @@ def test_report_cli_acc_range_zooms_the_written_curves_and_refuses_a_reversed_or
 
 
 def test_report_writes_the_per_client_distribution_and_fairness_columns(tmp_path):
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     _fake_sweep(tmp_path / "runs")
     table = report([tmp_path / "runs"], tmp_path / "rep", plots=True)
     assert "| worst client % | client p10 % |" in table and "30.00 ± 0.00" in table
     assert (tmp_path / "rep" / "per_client.png").stat().st_size > 5000
-    from fedblend.figures import final_client_accuracies
+    from fedblend.results.figures import final_client_accuracies
 
     assert final_client_accuracies([tmp_path / "runs" / "t1-fmnist-dir-fedala" / "seed0"]) == [0.3, 0.6, 0.3]
 
@@ -229,7 +241,7 @@ def test_report_writes_the_per_client_distribution_and_fairness_columns(tmp_path
 def test_report_table_names_the_method_of_runs_that_share_a_config_name(tmp_path):
     """Runs of one config file with ``--set method=X`` keep the file's name: the table must still say which
     method each row is, and the warning must say how to tell the rows apart."""
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     root = tmp_path / "runs"
     for method in ("fedphp", "fedgh"):
@@ -250,7 +262,7 @@ def test_report_table_names_the_method_of_runs_that_share_a_config_name(tmp_path
 def test_report_rounds_to_target_counts_the_seeds_that_reached_it_and_appears_only_with_a_target(tmp_path):
     """``eval.target``'s rounds to target (pFedRLLA's convergence claim): mean ± std over the seeds that reached
     it, how many did, the target itself; a table whose runs set no target has no such column, in every format."""
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     root = tmp_path / "runs"
     for label, hits in (("fast", (20, 40, None)), ("never", (None, None)), ("plain", ())):
@@ -289,7 +301,8 @@ def test_compare_with_fewer_than_three_seeds_warns_that_the_interval_means_littl
 
 
 def _hash(tmp: Path, label: str) -> str:
-    from fedblend.cli.report import aggregate, find_runs
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     return next(r["config_hash"] for r in aggregate(find_runs([tmp / "runs"])) if r["label"] == label)
 

@@ -64,7 +64,7 @@ def test_a_figure_only_command_without_matplotlib_stops_in_one_line(tmp_path, ca
     """The heatmaps are the whole product of ``save_heatmap``: a missing matplotlib is its one-line error."""
     import torch
 
-    from fedblend.cli.heatmaps import save_heatmap
+    from fedblend.results.heatmaps import save_heatmap
 
     with pytest.raises(MissingPackageError, match=r"^the heatmaps needs the matplotlib package.*fedblend\[plot\]'$"):
         save_heatmap(torch.eye(3), tmp_path / "h.png")

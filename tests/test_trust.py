@@ -285,7 +285,7 @@ def test_report_groups_by_config_hash_and_lists_unfinished(tmp_path, capsys):
 
 def test_report_rows_split_seeds_made_with_different_input_files(tmp_path):
     """Two seeds of one config made with different ``init`` files are two rows, two seeds with the same file one."""
-    from fedblend.cli.report import group_key
+    from fedblend.results.runs import group_key
 
     plain = tmp_path / "plain"
     run_experiment(_cfg(), plain)

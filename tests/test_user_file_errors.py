@@ -367,7 +367,7 @@ class TestTheAccuracyFigureSkipsRoundsWithoutAccuracy:
     @pytest.mark.parametrize("value", [None, "0.5", [0.5], {"acc": 0.5}], ids=["null", "str", "list", "dict"])
     def test_other_rounds_drawn(self, tmp_path, finished_run, value):
         pytest.importorskip("matplotlib")
-        from fedblend.figures import plot_run_accuracy
+        from fedblend.results.figures import plot_run_accuracy
 
         run = tmp_path / "run"
         shutil.copytree(finished_run, run)

@@ -125,7 +125,7 @@ def _fake_run(root: Path, label: str, seed: int, best: float, final: float, **ex
 
 
 def test_compare_paired_differences_on_hand_made_summaries(tmp_path):
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     a = {0: 0.90, 1: 0.80, 2: 0.85, 3: 0.70}  # B's seed 3 is missing: paired over seeds 0-2 only
     b = {0: 0.88, 1: 0.77, 2: 0.84}
@@ -152,7 +152,9 @@ def test_compare_paired_differences_on_hand_made_summaries(tmp_path):
 
     with pytest.raises(ConfigError, match="matches no group"):
         report([tmp_path / "runs"], compare=("fedavg", "fedala"))
-    from fedblend.cli.report import aggregate, find_group, find_runs
+    from fedblend.results.compare import find_group
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     rows = aggregate(find_runs([tmp_path / "runs"]))
     assert find_group(rows, "fedala")["label"] == "fedala"
@@ -161,7 +163,7 @@ def test_compare_paired_differences_on_hand_made_summaries(tmp_path):
 
 
 def test_compare_pairs_rounds_to_target_over_seeds_where_both_reached_it(tmp_path):
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     # A reaches 85 % at rounds 10, 20, 30 (seed 3: never); B at 30, 30, never, 40
     a = {0: 10, 1: 20, 2: 30, 3: None}
@@ -180,7 +182,9 @@ def test_compare_pairs_rounds_to_target_over_seeds_where_both_reached_it(tmp_pat
 
 
 def test_compare_leaves_out_rounds_to_target_when_the_targets_differ(tmp_path):
-    from fedblend.cli.report import aggregate, find_group, find_runs, paired_differences
+    from fedblend.results.compare import find_group, paired_differences
+    from fedblend.results.runs import find_runs
+    from fedblend.results.table import aggregate
 
     _fake_run(tmp_path / "runs", "a", 0, 0.9, 0.9, target_accuracy=0.85, rounds_to_target=10)
     _fake_run(tmp_path / "runs", "b", 0, 0.9, 0.9, target_accuracy=0.90, rounds_to_target=10)
@@ -192,7 +196,7 @@ def test_compare_leaves_out_rounds_to_target_when_the_targets_differ(tmp_path):
 
 
 def test_report_band_uses_the_tables_std():
-    from fedblend.cli.report import mean_std
+    from fedblend.results.stats import mean_std
 
     vals = np.array([[1.0, 2.0], [3.0, 6.0]])
     mean, std = mean_std(vals)
@@ -411,8 +415,8 @@ def test_sigterm_stops_a_background_run_at_its_checkpoint(tmp_path):
 
 def test_dotted_keys_flattens_nested_tables_once_for_config_report_and_tracking():
     """One shared flattener (``common.jsonio.dotted_keys``) for config diffs, report labels and tracker params."""
-    import fedblend.cli.report as report_mod
     import fedblend.config as config_mod
+    import fedblend.results.table as report_mod
     import fedblend.tracking as tracking_mod
     from fedblend.common.jsonio import dotted_keys
 

@@ -32,7 +32,6 @@ round.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -42,13 +41,13 @@ from typing import Any
 
 from fedblend.common.argtypes import bool_arg, int_arg, overrides_arg, path_arg
 from fedblend.common.errors import ConfigError
-from fedblend.common.jsonio import read_json_object
 from fedblend.config import LogConfig, RunConfig, apply_overrides, config_from_dict, load_config
 from fedblend.core.evaluation import EvalProtocol, client_accuracies
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import PartitionSpec
 from fedblend.progress import Progress
+from fedblend.results.runs import read_metrics, read_summary
 
 __all__ = ["EvalProtocol", "LogConfig", "PartitionSpec", "RunConfig", "RunResult", "SamplingConfig", "TrainConfig",
            "load", "load_config", "open_run", "run"]
@@ -170,7 +169,7 @@ class RunResult:
 
     def plot(self):
         """The run's accuracy figure (as ``accuracy.png``: per round, with the clients' spread); needs matplotlib."""
-        from fedblend.figures import run_figure
+        from fedblend.results.figures import run_figure
 
         return run_figure(self.out)
 
@@ -193,19 +192,15 @@ def open_run(out: str | Path) -> RunResult:
     out = path_arg(out, "out", optional=False)
     if not (out / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{out}: no metrics.jsonl (not a run directory)")
-    fix = f"leave {out} out, or run it again (summary.json is written at the end of a run)"
-    summary = read_json_object(out / "summary.json", fix) if (out / "summary.json").exists() else {}
+    summary = read_summary(out, f"leave {out} out, or run it again (summary.json is written at the end of a run)")
     cfg = None
     if (out / "config.toml").exists():
         try:
             cfg = load_config(out / "config.toml")
         except ConfigError:
             cfg = None  # e.g. a plug-in that is not installed here: the numbers are still readable
-    return RunResult(cfg, out, summary, _read_history(out))
-
-
-def _read_history(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    fix = f"continue the run (fedblend run {out}/config.toml --out {out} --resume), delete the line, or leave {out} out"
+    return RunResult(cfg, out, summary, read_metrics(out, fix))
 
 
 # ------------------------------------------------------------------------------------------------ progress
@@ -294,4 +289,4 @@ def run(config: ConfigLike = None, out: str | Path | None = None, *, data_dir: s
             torch.set_num_threads(before)
         if hasattr(display, "close"):
             display.close()
-    return RunResult(cfg, out, summary, _read_history(out))
+    return RunResult(cfg, out, summary, read_metrics(out))

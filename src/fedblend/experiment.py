@@ -78,8 +78,8 @@ from fedblend.core.evaluation import client_spread_summary
 from fedblend.core.state import DiskStore
 from fedblend.data.federated import FederatedData, build_federated, load_partition
 from fedblend.data.sources import load_dataset, require_packages
-from fedblend.figures import plot_run
 from fedblend.plugin_code import check_plugin_code, plugin_code
+from fedblend.results.figures import plot_run
 from fedblend.rundir import RUN_FILES, DirLock, check_out_dir, clear_run, holds_run, locked_by
 from fedblend.tracking import check_available, make_trackers
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedblend.cli.report import aggregate, find_runs
+from fedblend.results.runs import find_runs
+from fedblend.results.table import aggregate
 from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]

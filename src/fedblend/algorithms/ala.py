@@ -54,18 +54,57 @@ from fedblend.algorithms.parts.ala_learning import (
 from fedblend.algorithms.registry import register_transform
 from fedblend.common.errors import ConfigError
 from fedblend.common.params import Params
+from fedblend.core.diagnostics import Curves, Histogram, Item, RunFiles, register_diagnostics
 from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
 from fedblend.models.zoo import FedModel
 
 
+def learned_weights(run: RunFiles) -> list[Item]:
+    """``fedblend report --diagnostics``: per layer, W (Eq. 5) pooled over the clients at the checkpoint and its
+    median, mean and 10-90% band across rounds (each client's median in grey); ALA's share of the client time
+    and its weight-learning epochs per round."""
+    items: list[Item] = []
+    if run.has_checkpoint():
+        pooled: dict[str, list[torch.Tensor]] = {}
+        for st in run.checkpoint()["clients"].values():
+            for n, w in ((st.get("ala") or {}).get("weights") or {}).items():
+                pooled.setdefault(n.rsplit(".", 1)[0], []).append(w.reshape(-1).float().cpu())
+        items += [Histogram(f"ala_w_{ly}", f"W of {ly} at the checkpoint", torch.cat(ws),
+                            "weight (0 = keep local, 1 = take global)", (0.0, 1.0), log=True) for ly, ws in pooled.items()]
+    rows = run.metrics
+    for ly in sorted({k.split(".", 1)[1] for m in rows for k in m if k.startswith("ala_w_q50.")}):
+        got = [m for m in rows if m.get(f"ala_w_q50.{ly}") is not None]
+        per: dict[int, list[tuple[int, float]]] = {}
+        for m in rows:
+            pc = m.get("stats_per_client") or {}
+            for cid, v in zip(pc.get("clients", ()), pc.get(f"ala_w_q50.{ly}", ())):
+                if v is not None:
+                    per.setdefault(cid, []).append((m["round"], v))
+        items.append(Curves(f"ala_w_rounds_{ly}", f"W of {ly} across rounds (grey: each client's median)", "weight",
+                            {name: [(m["round"], m[f"ala_w_{s}.{ly}"]) for m in got]
+                             for name, s in (("median", "q50"), ("mean", "mean"))},
+                            ("q10-q90 (mean over clients)", [(m["round"], m[f"ala_w_q10.{ly}"], m[f"ala_w_q90.{ly}"])
+                                                             for m in got]), list(per.values()), (-0.02, 1.02)))
+    learn = "no weight learning yet (ALA learns W from round 2 on)"
+    items.append(Curves("ala_share", "ALA's share of the clients' training time", "% of client time",
+                        {"ALA": [(m["round"], 100 * m["ala_share"]) for m in rows if m.get("ala_share") is not None]},
+                        ylim=(0.0, None), empty="no ALA timings in metrics.jsonl"))
+    items.append(Curves("ala_epochs", "weight-learning epochs per client (mean)", "epochs",
+                        {"epochs": [(m["round"], m["ala_epochs"]) for m in rows if m.get("ala_epochs") is not None]},
+                        ylim=(0.0, None), empty=learn))
+    return items
+
+
 # ------------------------------------------------------------------------------------------------ the transform
 @register_transform
+@register_diagnostics(learned_weights)
 class ALA(ClientTransform):
     """ALA as a client transform: ``cstate["ala"] = {"weights", "initial_done"}``, what the next round needs and
     nothing that grows with the rounds; the per-round diagnostics (epochs, loss, W quantiles) are client stats,
     kept per client in the round's metrics (``stats_per_client``)."""
 
     name = "ala"
+    display_name = "ALA"
     options_cls = ALAOptions
     needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
     requires_received = True  # theta of Eq. 2: the model the server sends (global, or personalized: FedAMP's u_i)

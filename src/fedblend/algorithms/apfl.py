@@ -82,6 +82,7 @@ def mixture_loss(params: Params, batch, names: list[str]) -> torch.Tensor:
 @register_method
 class APFL(Method):
     name = "apfl"
+    display_name = "APFL"
     options_cls = APFLOptions
     paper = "Deng, Kamani and Mahdavi, Adaptive Personalized Federated Learning, arXiv:2003.13461, 2020"
     eval_model = "the aggregated global model (what each client receives)"

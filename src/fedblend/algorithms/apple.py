@@ -155,6 +155,7 @@ def core_record(j: int) -> str:
 @register_method
 class APPLE(Method):
     name = "apple"
+    display_name = "APPLE"
     options_cls = APPLEOptions
     paper = "Luo & Wu, Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning, IJCAI 2022"
     eval_model = "each client's mixture of cores by its DR vector after its last local step (Eq. 2)"

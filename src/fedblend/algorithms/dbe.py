@@ -105,6 +105,7 @@ def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:
 @register_method
 class DBE(Method):
     name = "dbe"
+    display_name = "DBE"
     options_cls = DBEOptions
     paper = ("Zhang et al., Eliminating Domain Bias for Federated Learning in Representation Space (DBE), "
              "NeurIPS 2023")

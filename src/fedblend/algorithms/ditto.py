@@ -53,6 +53,7 @@ class DittoOptions:
 @register_method
 class Ditto(Method):
     name = "ditto"
+    display_name = "Ditto"
     options_cls = DittoOptions
     paper = "Li, Hu, Beirami and Smith, Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     eval_model = "each client's personalized model v_k (Ditto Eq. 2) after its last local update"

@@ -18,6 +18,7 @@ from fedblend.core.method import ClientTransform
 @register_method
 class FedALA(FedAvg):
     name = "fedala"
+    display_name = "FedALA"
     options_cls = ALAOptions
     paper = "Zhang et al., FedALA: Adaptive Local Aggregation for Personalized Federated Learning, AAAI 2023"
     eval_model = "the ALA-initialised model of each client (see the ALA transform)"

@@ -87,6 +87,7 @@ class FedALPOptions:
 @register_method
 class FedALP(Method):
     name = "fedalp"
+    display_name = "FedALP"
     options_cls = FedALPOptions
     paper = "Xie et al., FedALP: An Adaptive Layer-Based Approach for Improved Personalized Federated Learning, 2022"
     eval_model = ("the client's group model mixed layer-wise with the latest global model (Eq. 9, what the group "

@@ -95,6 +95,7 @@ def negative_self_weight_text(alpha_k: float, sigma: float, m: int) -> str:
 @register_method
 class FedAMP(Method):
     name = "fedamp"
+    display_name = "FedAMP"
     options_cls = FedAMPOptions
     paper = "Huang et al., Personalized Cross-Silo Federated Learning on Non-IID Data (FedAMP), AAAI 2021"
     eval_model = "each client's own model after its last local training (w_i of Eq. 8)"

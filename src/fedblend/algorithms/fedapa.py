@@ -46,6 +46,7 @@ from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import flatten, select, stack_copies, with_rows
+from fedblend.core.diagnostics import ClientWeights, RunFiles, register_diagnostics
 from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
 
 
@@ -142,10 +143,25 @@ def update_rows(weights: torch.Tensor, momentum: torch.Tensor | None, grads: Map
     return w, buf
 
 
+def weight_matrices(run: RunFiles) -> list[ClientWeights]:
+    """``fedblend report --diagnostics``: the aggregation weights ``a_ij`` (Eq. 5; row i builds client i's
+    model) at each round ``heatmap_rounds`` kept, and after the checkpoint's last round."""
+    if not run.has_checkpoint():
+        return []
+    ck = run.checkpoint()
+    server = ck["server"]
+    kept = [ClientWeights(f"fedapa_weights_round{r:04d}", f"FedAPA aggregation weights, round {r}", w)
+            for r, w in sorted(server.get("snapshots", {}).items())]
+    return kept + [ClientWeights("fedapa_weights_latest", f"FedAPA aggregation weights after round "
+                                 f"{ck['next_round']}", run.method.effective_weights(server))]
+
+
 # ------------------------------------------------------------------------------------------------ the method
 @register_method
+@register_diagnostics(weight_matrices)
 class FedAPA(Method):
     name = "fedapa"
+    display_name = "FedAPA"
     options_cls = FedAPAOptions
     paper = ("Sun et al., FedAPA: Server-side Gradient-Based Adaptive Personalized Aggregation for Federated "
              "Learning on Heterogeneous Data, IJCAI 2025")

@@ -14,6 +14,7 @@ from fedblend.core.method import Method
 @register_method
 class FedAvg(Method):
     name = "fedavg"
+    display_name = "FedAvg"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
     eval_model = "the global model after aggregation (what each client receives), on each client's test data"
     evaluates_received_model = True  # what the client would start its next round from: the received global model

@@ -24,6 +24,7 @@ class FineTuneOptions:
 @register_method
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
+    display_name = "FedAvg-FT"
     options_cls = FineTuneOptions
     paper = "FedALA paper (Zhang et al., AAAI 2023), baseline FedAvg-C"
 

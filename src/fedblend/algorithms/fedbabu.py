@@ -41,6 +41,7 @@ class FedBABUOptions:
 @register_method
 class FedBABU(FedAvgFT):
     name = "fedbabu"
+    display_name = "FedBABU"
     options_cls = FedBABUOptions
     paper = "Oh, Kim and Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification, ICLR 2022"
     eval_model = "the global model (aggregated body + the frozen initial head), on each client's test data"

@@ -140,6 +140,7 @@ def select_models(affinity: torch.Tensor, candidates: Sequence[int], m: int, eps
 @register_method
 class FedFomo(Method):
     name = "fedfomo"
+    display_name = "FedFomo"
     options_cls = FedFomoOptions
     paper = ("Zhang et al., Personalized Federated Learning with First Order Model Optimization (FedFomo), "
              "ICLR 2021")

@@ -96,6 +96,7 @@ def train_header(model: FedModel, head: Params, feats: torch.Tensor, labels: tor
 @register_method
 class FedGH(PrototypeUpload):
     name = "fedgh"
+    display_name = "FedGH"
     options_cls = FedGHOptions
     paper = "Yi et al., FedGH: Heterogeneous Federated Learning with Generalized Global Header, ACM MM 2023"
     eval_model = ("each client's own feature extractor after its last local training with the current global "

@@ -157,6 +157,7 @@ def aggregate_centroids(protos: Sequence[torch.Tensor], counts: Sequence[torch.T
 @register_method
 class FedPAC(Method):
     name = "fedpac"
+    display_name = "FedPAC"
     options_cls = FedPACOptions
     paper = ("Xu, Tong, Huang, Personalized Federated Learning with Feature Alignment and Classifier "
              "Collaboration (FedPAC), ICLR 2023")

@@ -39,4 +39,5 @@ class BodySharing(Method):
 @register_method
 class FedPer(BodySharing):
     name = "fedper"
+    display_name = "FedPer"
     paper = "Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818, 2019"

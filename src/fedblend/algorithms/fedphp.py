@@ -116,6 +116,7 @@ def transfer_loss(params: Params, batch, hpm: Params, lam: float, transfer: str,
 @register_method
 class FedPHP(FedAvg):
     name = "fedphp"
+    display_name = "FedPHP"
     options_cls = FedPHPOptions
     paper = "Li et al., FedPHP: Federated Personalization with Inherited Private Models, ECML PKDD 2021"
     eval_model = "each client's inherited private model (HPM; the global model for a client never contacted)"

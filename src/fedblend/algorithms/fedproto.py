@@ -123,6 +123,7 @@ def prototype_head(model: FedModel, protos: Mapping[str, torch.Tensor], classes:
 @register_method
 class FedProto(PrototypeUpload):
     name = "fedproto"
+    display_name = "FedProto"
     options_cls = FedProtoOptions
     paper = "Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022"
     eval_model = ("each client's own body after its last local training, classifying by the nearest global "

@@ -23,6 +23,7 @@ class FedProxOptions:
 @register_method
 class FedProx(FedAvg):
     name = "fedprox"
+    display_name = "FedProx"
     options_cls = FedProxOptions
     paper = "Li et al., Federated Optimization in Heterogeneous Networks (FedProx), MLSys 2020"
 

@@ -44,6 +44,7 @@ class FedRepOptions:
 @register_method
 class FedRep(BodySharing):
     name = "fedrep"
+    display_name = "FedRep"
     options_cls = FedRepOptions
     paper = "Collins et al., Exploiting Shared Representations for Personalized Federated Learning, ICML 2021"
 

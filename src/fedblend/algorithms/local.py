@@ -11,6 +11,7 @@ from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
 @register_method
 class Local(Method):
     name = "local"
+    display_name = "Local"
     paper = "baseline: no federation"
     eval_model = "each client's own model after its last local training"
     has_global = False

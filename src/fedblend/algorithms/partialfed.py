@@ -99,6 +99,7 @@ def gumbel_relax(s: Params, tau: float, generator: torch.Generator) -> Params:
 @register_method
 class PartialFed(FedAvg):
     name = "partialfed"
+    display_name = "PartialFed"
     options_cls = PartialFedOptions
     paper = ("Sun et al., PartialFed: Cross-Domain Personalized Federated Learning via Partial Initialization, "
              "NeurIPS 2021 (PartialFed-Adaptive)")

@@ -72,6 +72,7 @@ def meta_step(w: Params, losses: tuple[LossFn, LossFn, LossFn | None], alpha: fl
 @register_method
 class PerFedAvg(OwnLoopMethod):
     name = "perfedavg"
+    display_name = "Per-FedAvg"
     options_cls = PerFedAvgOptions
     paper = ("Fallah et al., Personalized Federated Learning with Theoretical Guarantees: A Model-Agnostic "
              "Meta-Learning Approach (Per-FedAvg), NeurIPS 2020")

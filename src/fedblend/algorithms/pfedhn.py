@@ -104,6 +104,7 @@ def hypernet_grads(net: Mapping[str, torch.Tensor], cid: int, shapes: Mapping[st
 @register_method
 class PFedHN(Method):
     name = "pfedhn"
+    display_name = "pFedHN"
     options_cls = PFedHNOptions
     paper = "Shamsian et al., Personalized Federated Learning using Hypernetworks (pFedHN), ICML 2021"
     eval_model = ("the model the server's hypernetwork generates for the client now (pFedHN-PC: with the client's "

@@ -119,6 +119,7 @@ def layerwise_aggregate(alpha: torch.Tensor, thetas: Mapping[str, torch.Tensor],
 @register_method
 class PFedLA(Method):
     name = "pfedla"
+    display_name = "pFedLA"
     options_cls = PFedLAOptions
     paper = "Ma et al., Layer-wised Model Aggregation for Personalized Federated Learning (pFedLA), CVPR 2022"
     eval_model = "the layer-wise aggregate theta-bar_i the client's hypernetwork builds now (what it would receive)"

@@ -74,6 +74,7 @@ def server_mix(old: Mapping, avg: Mapping, beta: float) -> Params:
 @register_method
 class PFedMe(OwnLoopMethod):
     name = "pfedme"
+    display_name = "pFedMe"
     options_cls = PFedMeOptions
     paper = "T. Dinh et al., Personalized Federated Learning with Moreau Envelopes (pFedMe), NeurIPS 2020"
     eval_model = ("each client's personalized model theta_i (the inner solution of its last local round, "

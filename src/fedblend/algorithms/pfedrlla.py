@@ -62,6 +62,7 @@ from fedblend.models.zoo import FedModel
 @register_method
 class PFedRLLA(Method):
     name = "pfedrlla"
+    display_name = "pFedRLLA"
     options_cls = PFedRLLAOptions
     paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
              "(pFedRLLA, ICLR 2024 submission)")

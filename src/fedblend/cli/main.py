@@ -9,6 +9,7 @@
 * ``fedblend sweep CONFIG... [--seeds 0 1 2] [--grid K=V1,V2 ...] [--set ...] [--jobs N] --out DIR``  (configs x
   grid x seeds, N at a time; finished runs skipped, killed ones resumed; then the report table)
 * ``fedblend report RUNS... --compare A B``  (paired per-seed differences A - B with a t-interval)
+* ``fedblend report RUNS... --diagnostics``  (each run's method diagnostics: FedAPA's weights, ALA's, ...)
 * ``fedblend configs``, ``fedblend methods NAME``, ``fedblend export tensorboard RUN_DIR``, ``fedblend --version``
 * ``fedblend run ... --dry-run`` (``--check``: the same checks, no timing), ``fedblend partition ... --export pflib DIR``
 * ``fedblend deploy CONFIG.toml --nodes N --out DIR``  (the run on a loopback Flower SuperLink + N SuperNodes)
@@ -139,6 +140,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--acc-range", nargs=2, type=float_in(flags.ACC_RANGE), metavar=("LOW", "HIGH"), help="zoom the curves' "
                      "accuracy axis to LOW-HIGH %% (e.g. 95 100 where the rows end close together; the loss axis "
                      "stays whole)")
+    rep.add_argument("--diagnostics", action="store_true", help="each run's method diagnostics (FedAPA's "
+                     "aggregation weights, ALA's learned weights, ...): printed, drawn into OUT/diagnostics with --out")
     _debug(rep)
     part = sub.add_parser("partition", help="build and show a partition without training")
     _common(part)
@@ -345,11 +348,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"fedblend: warning: {what} cannot be used: {err}", file=sys.stderr)
         return 0
     if args.cmd == "report":
-        from fedblend.cli.report import report
+        from fedblend.cli.report import run_report
 
-        print(report(args.runs, args.out, plots=not args.no_plots, compare=args.compare, band=args.band,
-                     acc_range=args.acc_range), end="")
-        return 0
+        return run_report(args)
     cfg = load_config(args.config, config_overrides(args))
     if args.cmd == "bench":
         from fedblend.bench import bench
@@ -369,8 +370,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "deploy":
         return _deploy(cfg, args)
     if args.cmd == "partition":
-        from fedblend.data.federated import plot_counts
         from fedblend.experiment import build_data
+        from fedblend.results.partition import plot_counts
 
         fed = build_data(cfg, args.data_dir)
         print(fed.table())
@@ -591,7 +592,7 @@ def config_description(path: Path) -> str:
     """What a config runs, from its fields: ``FedAPA (mu=0.3): FMNIST, Dir(0.1), 20 clients, LeNet-5; 50 rounds``
     (the method with the options that differ from its defaults, the setting, the rounds)."""
     from fedblend.config import RunConfig, load_config
-    from fedblend.figures import method_name, setting_text
+    from fedblend.results.names import method_name, setting_text
 
     try:
         cfg = load_config(path)

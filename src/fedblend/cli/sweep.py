@@ -277,7 +277,7 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
         pool.shutdown(wait=False)
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-    from fedblend.cli.report import report
+    from fedblend.results.report import report
 
     done = [r for r in runs if (r.out / "summary.json").exists()]
     if done:

@@ -1,6 +1,6 @@
 """What ``fedblend report`` needs of a finished run's ``summary.json``, checked field by field.
 
-A summary that is not JSON at all is a damaged file (:func:`fedblend.cli.report.read_summary` refuses it, exit 2);
+A summary that is not JSON at all is a damaged file (:func:`fedblend.results.runs.read_summary` refuses it, exit 2);
 one that parses but holds a field of the wrong type (``"best_accuracy": "0.93"``, a seed written as a string) or
 lacks one the table needs used to stop the report with a traceback deep in the averaging. Such a run is now left
 out of the table with one line naming the file, the field and what it holds, and the report goes on with the

@@ -1,10 +1,8 @@
-"""Figures a paper can use: titles from the method and setting, legends by method, stated seeds and bands.
+"""Figures of one run and of clients: titles from the method and setting, stated seeds and bands.
 
-Pure functions over resolved configs (``summary.json``'s ``run.config``, or ``config.toml``) and metrics rows;
-matplotlib is imported only by the plotting functions (``pip install 'fedblend[plot]'``).
+Over run directories (:mod:`fedblend.results.runs`) and their metrics rows; matplotlib is imported only by the
+plotting functions (``pip install 'fedblend[plot]'``). Names and setting texts are :mod:`fedblend.results.names`'.
 
-* :func:`method_name` -- ``"fedprox+ala"`` -> ``"FedProx+ALA"`` (the papers' spelling; a plug-in keeps its own);
-* :func:`setting_text` -- ``"FMNIST, Dir(0.1), 20 clients, LeNet-5"`` from the dataset, partition and model;
 * :func:`plot_run_accuracy` -- a run's ``accuracy.png``: pooled personalized (and global) accuracy per round,
   the clients' 10th-90th percentile band and the worst client, titled by method and setting;
 * :func:`plot_client_distribution` -- ``report``'s ``per_client.png``: every client's accuracy at the final
@@ -13,8 +11,6 @@ matplotlib is imported only by the plotting functions (``pip install 'fedblend[p
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
 import warnings
 from collections.abc import Sequence
@@ -25,87 +21,8 @@ import numpy as np
 
 from fedblend.common.optional import MissingPackageError, pyplot
 from fedblend.core.evaluation import client_accuracies
-
-METHOD_NAMES = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "fedavg-ft": "FedAvg-FT", "fedala": "FedALA",
-    "ala": "ALA", "fedapa": "FedAPA", "pfedrlla": "pFedRLLA", "fedalp": "FedALP", "fedphp": "FedPHP",
-    "fedamp": "FedAMP", "apple": "APPLE", "fedproto": "FedProto", "fedgh": "FedGH", "pfedhn": "pFedHN",
-    "pfedla": "pFedLA", "fedpac": "FedPAC", "dbe": "DBE", "perfedavg": "Per-FedAvg", "pfedme": "pFedMe",
-    "fedfomo": "FedFomo", "partialfed": "PartialFed", "ditto": "Ditto", "apfl": "APFL", "fedper": "FedPer",
-    "fedrep": "FedRep", "fedbabu": "FedBABU",
-}
-DATASET_NAMES = {"mnist": "MNIST", "fmnist": "FMNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
-                 "ag_news": "AG News", "usps": "USPS", "mnist_star": "MNIST*", "synthetic": "synthetic",
-                 "synthetic-64k": "synthetic (64k)"}
-MODEL_NAMES = {"cnn4": "4-layer CNN", "lenet5": "LeNet-5", "cnn5": "5-layer CNN", "mlp": "MLP", "fasttext": "fastText"}
-
-
-def method_name(spec: str) -> str:
-    """The display name of a method spec: ``"fedprox+ala"`` -> ``"FedProx+ALA"``; a plug-in path
-    ``"pkg.mod:MyMethod"`` -> ``"MyMethod"``."""
-    return "+".join(METHOD_NAMES.get(p, p.rsplit(":", 1)[-1]) for p in spec.split("+"))
-
-
-def setting_text(cfg: dict[str, Any], model: bool = True) -> str:
-    """``"FMNIST, Dir(0.1), 20 clients, LeNet-5"``: dataset, partition, clients (and join ratio), model."""
-    part = cfg.get("partition") or {}
-    kind = part.get("kind", "?")
-    if kind == "dirichlet":
-        how = f"Dir({part.get('alpha'):g})"
-    elif kind == "pathological":
-        how = f"{part.get('classes_per_client')} classes/client"
-    elif kind == "shards":
-        how = f"{part.get('shards_per_client')} shards/client"
-    else:
-        how = {"iid": "IID", "one_class": "one class/client", "domains": "by domain", "indices": "imported split",
-               "flwr": f"flwr {part.get('flwr', '')}".strip()}.get(kind, kind)
-    clients = f"{part.get('num_clients', '?')} clients"
-    samp = cfg.get("sampling") or {}
-    if samp.get("scheme", "fixed") == "fixed" and samp.get("join_ratio", 1.0) < 1.0:
-        clients += f" ({samp['join_ratio']:g} join)"
-    elif samp.get("scheme") == "uniform_range":
-        clients += f" ({samp.get('low'):g}-{samp.get('high'):g} join)"
-    bits = [DATASET_NAMES.get(cfg.get("dataset", "?"), cfg.get("dataset", "?")), how, clients]
-    if model:
-        bits.append(MODEL_NAMES.get(cfg.get("model", "?"), cfg.get("model", "?")))
-    return ", ".join(bits)
-
-
-def common_setting(configs: Sequence[dict]) -> str | None:
-    """The setting text every config shares, or None when they differ."""
-    texts = {setting_text(c) for c in configs if c}
-    return texts.pop() if len(texts) == 1 else None
-
-
-def read_rows(run: Path) -> list[dict]:
-    path = Path(run) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def run_config(run: Path) -> dict:
-    """A run directory's resolved config (``summary.json``'s, else ``config.toml``), {} if neither (or neither
-    can be read: a figure's title is no reason to fail)."""
-    s = Path(run) / "summary.json"
-    if s.exists():
-        try:
-            summary = json.loads(s.read_text())
-        except (OSError, ValueError):
-            summary = None
-        run_info = summary.get("run") if isinstance(summary, dict) else None
-        cfg = run_info.get("config") if isinstance(run_info, dict) else None
-        if cfg and isinstance(cfg, dict):
-            return cfg
-    c = Path(run) / "config.toml"
-    if c.exists():
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib
-        try:
-            return tomllib.loads(c.read_text())
-        except tomllib.TOMLDecodeError:
-            return {}
-    return {}
+from fedblend.results.names import method_name, setting_text
+from fedblend.results.runs import read_metrics, run_config
 
 
 def _pyplot():
@@ -135,7 +52,7 @@ def run_figure(run: Path):
     plt = _pyplot()
     run = Path(run)
     cfg = run_config(run)
-    rows, skipped = evaluated_rows(read_rows(run))
+    rows, skipped = evaluated_rows(read_metrics(run))
     for line in skipped:  # one line per round left out, never a traceback
         warnings.warn(f"{run / 'metrics.jsonl'}: {line}: left out of the accuracy figure", RuntimeWarning,
                       stacklevel=2)
@@ -204,7 +121,7 @@ def final_client_accuracies(dirs: Sequence[str | Path], key: str = "per_client")
     """Every client's accuracy at the last evaluated round of each run in ``dirs`` (pooled over the runs)."""
     out: list[float] = []
     for d in dirs:
-        rows = [r for r in read_rows(Path(d)) if isinstance(r, dict) and r.get(key)]
+        rows = [r for r in read_metrics(Path(d)) if isinstance(r, dict) and r.get(key)]
         if rows:
             out += _client_accs(rows[-1], key)
     return out
@@ -248,7 +165,7 @@ def plot_client_distribution(groups: Sequence[tuple[str, list[float], int]], pat
 
 def plot_run(out: Path) -> Path | None:
     """``OUT/accuracy.png``: personalized accuracy per round with the clients' spread (and the global model's,
-    where the method has one), titled by method, setting and seed (:func:`fedblend.figures.plot_run_accuracy`);
+    where the method has one), titled by method, setting and seed (:func:`plot_run_accuracy`);
     skipped with a warning when matplotlib is missing (``pip install 'fedblend[plot]'``)."""
     try:
         pyplot("accuracy.png")
