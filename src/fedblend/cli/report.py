@@ -128,7 +128,7 @@ def unfinished(runs: list[Path]) -> list[dict[str, Any]]:
         s = read_summary(r)
         if s.get("status", "finished") != "finished" or not s:
             out.append({"dir": str(r), "status": s.get("status", "unfinished"), "last_round": last_round(r),
-                        "reason": s.get("stop_reason", "")})
+                        "reason": s.get("stop_reason") or s.get("degraded") or ""})
     return out
 
 
@@ -535,7 +535,8 @@ def notes(rows: list[dict], pending: list[dict], skipped: list[str] = ()) -> str
                      f"method and config columns; give each config its own name)")
     for u in pending:
         why = f": {u['reason']}" if u["reason"] else ""
-        lines.append(f"unfinished: {u['dir']} ({u['status']}, last round {u['last_round']}){why}")
+        head = "not in the table (clients lost)" if str(u["status"]).startswith("finished-") else "unfinished"
+        lines.append(f"{head}: {u['dir']} ({u['status']}, last round {u['last_round']}){why}")
     return "".join(f"\n{x}" for x in lines) + ("\n" if lines else "")
 
 
