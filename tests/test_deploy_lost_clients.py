@@ -195,3 +195,25 @@ class TestSuperNodeKilledDuringDeploy:
         assert json.loads((out / "summary.json").read_text())["status"] == DEGRADED
         assert (work / "supernode-1.log").exists() and not list(work.glob("node-*"))
         assert _children() == []
+
+    def test_with_min_clients_the_error_line_gives_the_server_s_reason(self, tmp_path, real_data_dir, flwr_bin,
+                                                                       monkeypatch):
+        """``--min-clients 3`` of 3 and SuperNode 1 killed after round 1, with a proxy variable set: the run stops
+        in round 2 and ``fedblend deploy``'s one error line gives the ServerApp's reason first, not a proxy hint;
+        the ServerApp's stderr line reached ``flwr run --stream``'s log too."""
+        monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+        cfg = load_config(None, [*FMNIST_TINY, "rounds=3"])
+        killer = _kill_node_after_round_1(1)
+        out = tmp_path / "flw"
+        with pytest.raises(deploy.DeployError) as err:
+            deploy.deploy_local(cfg, out, nodes=2, data_dir=real_data_dir, timeout=20, run_timeout=600,
+                                min_clients=3, progress=killer)
+        work = deploy.work_dir(out)
+        msg = str(err.value)
+        assert killer.killed and "\n" not in msg, _logs(work)
+        assert "the ServerApp stopped: FlowerRunError: round 2: 2 of 3 clients answered, fewer than min_clients=3" \
+            in msg, msg
+        assert "proxy" not in msg.split("the ServerApp stopped")[1] and "supernode-1 exited early" in msg
+        assert apps.ERROR_MARK + "FlowerRunError" in (work / "flwr-run.log").read_text(), _logs(work)
+        assert list(work.glob("node-*"))  # a failed run keeps the nodes' states (its --resume needs them)
+        assert _children() == []

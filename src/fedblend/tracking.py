@@ -6,10 +6,15 @@ optional extra that is checked before a run starts:
 * ``[log] tensorboard = true`` writes every metrics row of a run to ``OUT/tensorboard/`` (TensorBoard event
   files, through ``torch.utils.tensorboard.SummaryWriter``; ``pip install 'fedblend[tensorboard]'``). Point
   TensorBoard at the folder: ``tensorboard --logdir runs/``.
-* ``[log] mlflow = true`` logs to MLflow (``pip install 'fedblend[mlflow]'``): by default a local file store in
-  ``OUT/mlruns`` (no server: ``mlflow ui --backend-store-uri OUT/mlruns``), or ``[log] mlflow_uri`` (a
-  ``sqlite:///...`` file, a server). The run is named by the config's label and seed, its parameters are the
-  resolved config's fields (dotted), its tags the config hash and method.
+* ``[log] mlflow = true`` logs to MLflow (``pip install 'fedblend[mlflow]'``: mlflow-skinny, no web UI): by
+  default a local file store in ``OUT/mlruns`` (no server; MLflow 3 reads it only with
+  ``MLFLOW_ALLOW_FILE_STORE=true``, docs/workflow.md), or ``[log] mlflow_uri`` (a ``sqlite:///...`` file, a
+  server, probed before round 1). The run is named by the config's label and seed, its parameters are the
+  resolved config's fields (dotted), its tags the config hash and method; at the end the summary's numbers, its
+  status and the run's files (:class:`MLflowLog`).
+
+Every tracker is :class:`Guarded`: a failure is one :class:`TrackerError` line naming it and its store, or, with
+``[log] on_error = "warn"``, one warning after which the run goes on without it.
 * ``[log] wandb = true`` logs to Weights & Biases (``pip install 'fedblend[wandb]'``), offline by default (files
   in ``OUT/wandb``; ``wandb sync OUT/wandb/offline-run-*`` uploads them later), with the resolved config.
 

@@ -88,7 +88,7 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> 
     return summary
 
 
-ERROR_MARK = "fedblend ServerApp error: "  # heads the one line saying why the ServerApp stopped
+ERROR_MARK = "[fedblend] ServerApp error: "  # heads the one line saying why the ServerApp stopped
 
 
 def record_error(exc: BaseException, error_file: str = "") -> None:
