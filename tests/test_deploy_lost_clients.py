@@ -77,7 +77,8 @@ class TestLostClientsInTheSummary:
     def test_the_headline_is_stated_over_the_clients_evaluated(self, tmp_path):
         s = _degraded_run(tmp_path)
         h = s["clients_lost"]["headline_evaluated"]
-        assert f"over the {h['evaluated']} of {h['of']} clients evaluated" in s["degraded"]
+        assert (f"the headline accuracy {s['best_accuracy']:.4f} (round {s['best_round']}) is over the "
+                f"{h['evaluated']} of {h['of']} clients evaluated") in s["degraded"]
         assert "client(s) [1, 3] did not answer" in s["degraded"]
 
     def test_a_run_that_lost_nothing_is_finished_without_a_lost_section(self, tmp_path):

@@ -358,8 +358,9 @@ def lost_clients(history: list[dict], headline_round: int | None) -> dict[str, A
         evaluated = len(row["per_client"].get("clients", ()))
         asked = evaluated + int(row.get("eval_missing", 0))
         out["headline_evaluated"] = {"round": headline_round, "evaluated": evaluated, "of": asked}
-        parts.append(f"the headline accuracy (round {headline_round}) is over the {evaluated} of {asked} clients "
-                     f"evaluated")
+        acc = f" {row['acc']:.4f}" if isinstance(row.get("acc"), float) else ""
+        parts.append(f"the headline accuracy{acc} (round {headline_round}) is over the {evaluated} of {asked} "
+                     f"clients evaluated")
     if missing:
         parts.append(f"evaluations missing in round(s) {sorted(missing)}")
     text = "; ".join(parts) + (f" (first reason: {reasons[0]})" if reasons else "")
