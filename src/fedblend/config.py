@@ -70,7 +70,7 @@ class LogConfig:
     """Where a run's metrics go besides its results files (the ``[log]`` table). Runtime only: it changes no
     result, so it is left out of the config hash and may differ on ``--resume``."""
 
-    CHOICES: ClassVar[dict] = {"wandb_mode": ("offline", "online")}
+    CHOICES: ClassVar[dict] = {"wandb_mode": ("offline", "online"), "on_error": ("stop", "warn")}
 
     tensorboard: bool = False  # every metrics row to OUT/tensorboard as it happens (pip install 'fedblend[tensorboard]')
     plot: bool = True  # OUT/accuracy.png (personalized and global accuracy per round) at the end (needs matplotlib)
@@ -84,6 +84,9 @@ class LogConfig:
     wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (files in OUT/wandb, `wandb "
                                                                  "sync` uploads them later) or online"})
     wandb_project: str = field(default="fedblend", metadata={"help": "W&B project the run is logged under"})
+    on_error: str = field(default="stop", metadata={"help": "a tracker that fails (store unusable, server "
+                                                             "unreachable): stop the run in one line naming it, or "
+                                                             "warn once and go on without it"})
 
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol,

@@ -15,8 +15,10 @@ Results directory (the run contract other tools rely on)::
     tensorboard/       TensorBoard event files of every metrics row, as they happen ([log] tensorboard)
     mlruns/, wandb/    the same in a local MLflow store ([log] mlflow; .mlflow_run names the run) and an offline
                        W&B run ([log] wandb)
-    summary.json       status ("finished", or "diverged" with divergence = {round, reason}: a diverged run is
-                       never a result), best_accuracy, final_accuracy, best_round,
+    summary.json       status ("finished"; "finished-degraded" when clients did not answer in some rounds,
+                       e.g. a Flower node down: clients_lost and degraded say which, where, and over how many
+                       clients the headline was measured; or "diverged" with divergence = {round, reason}: a
+                       diverged run is never a result), best_accuracy, final_accuracy, best_round,
                        global_accuracy (if a global model exists), the clients' spread (worst client, 10th
                        percentile, std at the final and headline rounds), rounds, seconds_per_round, seed, method,
                        protocol, config_hash and run (the identity: resolved config, versions, git commit,
@@ -325,7 +327,44 @@ def summarize(cfg: RunConfig, sim: Simulation, wall: float) -> dict[str, Any]:
     headline_round = sel.get("selected_round", sel["best_round"] if sim.protocol.report == "best" else
                              (evals[-1]["round"] if evals else None))
     out.update(client_spread_summary(evals, headline_round))  # worst client, 10th percentile, std
+    lost = lost_clients(sim.history, headline_round)
+    if lost:  # a backend that tolerates faults (Flower) went on without some clients: no full result
+        out.update(status=DEGRADED, clients_lost=lost, degraded=lost["text"])
     out["accuracy"] = sel["accuracy"]
+    return out
+
+
+#: summary.json's status of a run that did all its rounds but without some clients' replies (a Flower node down,
+#: a timeout, a refused reply): its numbers are over the clients that answered, so it is no full result
+DEGRADED = "finished-degraded"
+
+
+def lost_clients(history: list[dict], headline_round: int | None) -> dict[str, Any] | None:
+    """What a run lost to clients that did not answer (``dropped_clients`` in training, ``eval_missing`` in
+    evaluation, the backend's ``flower_faults`` for why), or None when it lost nothing: the rounds, the clients,
+    how many of the clients asked were evaluated at the headline round, and one sentence saying it."""
+    dropped = {m["round"]: list(m["dropped_clients"]) for m in history if m.get("dropped_clients")}
+    missing = {m["round"]: int(m["eval_missing"]) for m in history if m.get("eval_missing")}
+    if not dropped and not missing:
+        return None
+    clients = sorted({c for cs in dropped.values() for c in cs})
+    reasons = list(dict.fromkeys(f.get("reason", "") for m in history for f in m.get("flower_faults") or ()))
+    out: dict[str, Any] = {"clients": clients, "rounds": sorted(set(dropped) | set(missing)),
+                           "dropped": {str(r): c for r, c in dropped.items()},
+                           "eval_missing": {str(r): n for r, n in missing.items()}, "reasons": reasons[:5]}
+    parts = [f"client(s) {clients} did not answer in training in round(s) {sorted(dropped)}"] if dropped else []
+    row = next((m for m in history if m.get("round") == headline_round), None)
+    if row is not None and isinstance(row.get("per_client"), dict):
+        evaluated = len(row["per_client"].get("clients", ()))
+        asked = evaluated + int(row.get("eval_missing", 0))
+        out["headline_evaluated"] = {"round": headline_round, "evaluated": evaluated, "of": asked}
+        acc = f" {row['acc']:.4f}" if isinstance(row.get("acc"), float) else ""
+        parts.append(f"the headline accuracy{acc} (round {headline_round}) is over the {evaluated} of {asked} "
+                     f"clients evaluated")
+    if missing:
+        parts.append(f"evaluations missing in round(s) {sorted(missing)}")
+    text = "; ".join(parts) + (f" (first reason: {reasons[0]})" if reasons else "")
+    out["text"] = text
     return out
 
 

@@ -6,10 +6,15 @@ optional extra that is checked before a run starts:
 * ``[log] tensorboard = true`` writes every metrics row of a run to ``OUT/tensorboard/`` (TensorBoard event
   files, through ``torch.utils.tensorboard.SummaryWriter``; ``pip install 'fedblend[tensorboard]'``). Point
   TensorBoard at the folder: ``tensorboard --logdir runs/``.
-* ``[log] mlflow = true`` logs to MLflow (``pip install 'fedblend[mlflow]'``): by default a local file store in
-  ``OUT/mlruns`` (no server: ``mlflow ui --backend-store-uri OUT/mlruns``), or ``[log] mlflow_uri`` (a
-  ``sqlite:///...`` file, a server). The run is named by the config's label and seed, its parameters are the
-  resolved config's fields (dotted), its tags the config hash and method.
+* ``[log] mlflow = true`` logs to MLflow (``pip install 'fedblend[mlflow]'``: mlflow-skinny, no web UI): by
+  default a local file store in ``OUT/mlruns`` (no server; MLflow 3 reads it only with
+  ``MLFLOW_ALLOW_FILE_STORE=true``, docs/workflow.md), or ``[log] mlflow_uri`` (a ``sqlite:///...`` file, a
+  server, probed before round 1). The run is named by the config's label and seed, its parameters are the
+  resolved config's fields (dotted), its tags the config hash and method; at the end the summary's numbers, its
+  status and the run's files (:class:`MLflowLog`).
+
+Every tracker is :class:`Guarded`: a failure is one :class:`TrackerError` line naming it and its store, or, with
+``[log] on_error = "warn"``, one warning after which the run goes on without it.
 * ``[log] wandb = true`` logs to Weights & Biases (``pip install 'fedblend[wandb]'``), offline by default (files
   in ``OUT/wandb``; ``wandb sync OUT/wandb/offline-run-*`` uploads them later), with the resolved config.
 
@@ -23,11 +28,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedblend.common.errors import ConfigError, UserFileError
+from fedblend.common.errors import ConfigError, FedblendError, UserFileError
 from fedblend.common.jsonio import dotted_keys, read_json_object, read_jsonl
 from fedblend.common.optional import require
 
@@ -89,50 +96,156 @@ def _mlflow():
     return require("mlflow.tracking", "mlflow", "[log] mlflow = true").MlflowClient
 
 
+class TrackerError(FedblendError):
+    """A tracker cannot log (its store unusable, its server unreachable, its run file damaged): the message names
+    the tracker, the store and the fix (``[log] on_error = "warn"`` goes on without the tracker)."""
+
+
+#: how long an MLflow server may take to answer, and how often a request is tried again (MLflow's own defaults,
+#: 120 s and 7 tries with backoff, make an unreachable server hang a run for many minutes); the environment
+#: variables of the same names, when set, win
+MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+PROBE_SECONDS = 10.0
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def allow_file_store(uri: str) -> None:
+    """MLflow 3 refuses its plain-file store (a ``file:`` URI or a path: what ``[log] mlflow`` writes by default,
+    ``OUT/mlruns``) unless ``MLFLOW_ALLOW_FILE_STORE=true``; set it in this process for such a URI (a user's own
+    MLflow commands need it too: docs/workflow.md)."""
+    if "://" not in uri or uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def probe_server(uri: str, timeout: float = PROBE_SECONDS) -> None:
+    """For an ``http(s)://`` tracking URI, check that the server answers an HTTP request (its ``/health``; any
+    HTTP answer counts) within ``timeout`` seconds; raises :class:`TrackerError` naming the store and the fix
+    otherwise -- a server that is down, an address that drops packets, a port that accepts and never answers.
+    Other stores are checked by using them."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):  # noqa: S310 - the user's URI
+            pass
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        raise TrackerError(f"MLflow server {uri} does not answer ({why}; waited at most {timeout:g} s): start it, "
+                           f"fix [log] mlflow_uri, set [log] mlflow = false, or [log] on_error = \"warn\" to run "
+                           f"without it") from None
+
+
+def _store_error(uri: str, exc: BaseException) -> TrackerError:
+    text = " ".join(str(exc).split())[:300]
+    return TrackerError(f"MLflow store {uri} cannot be used ({type(exc).__name__}: {text}): fix [log] mlflow_uri "
+                        f"(empty = a local store in OUT/mlruns), set [log] mlflow = false, or [log] on_error = "
+                        f"\"warn\" to run without it")
+
+
 class MLflowLog:
     """Logs metrics rows to an MLflow run (one per results directory: its id is kept in ``OUT/.mlflow_run``, so a
-    resumed run continues the same MLflow run). ``uri`` empty: a local file store in ``out/mlruns``."""
+    resumed run continues the same MLflow run). ``uri`` empty: a local file store in ``out/mlruns``.
+
+    A resumed run redoes the rounds after its checkpoint with the same results; the rows of rounds the MLflow run
+    already holds are not logged again (no step twice). At the end it logs the summary (``best_accuracy``,
+    ``final_accuracy``, ``best_round`` and the status as a tag ``fedblend.status``) and the run's
+    ``summary.json`` and ``config.toml`` as artifacts, and ends the MLflow run as FINISHED (a finished run, also
+    one that lost clients), FAILED (diverged) or KILLED (stopped before its summary)."""
 
     ID_FILE = ".mlflow_run"
+    STEP_KEY = "seconds"  # in every metrics row: the last step the MLflow run holds
 
     def __init__(self, out: str | Path, identity: dict | None = None, uri: str = "", experiment: str = "fedblend",
                  fresh: bool = False):
         client_cls = _mlflow()
         out = Path(out)
+        self.out = out
+        for k, v in MLFLOW_HTTP.items():
+            os.environ.setdefault(k, v)
         if not uri:
             # MLflow 3 keeps its plain-file store only on request; it is what "no server, files in OUT" needs
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             uri = (out / "mlruns").resolve().as_uri()
         self.uri = uri
-        self.client = client_cls(uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        eid = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        probe_server(uri)
+        import time
+
+        self.started = 0.0 if fresh else time.time()  # a summary.json older than this is not this run's
+        try:
+            self.client = client_cls(uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            eid = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        except Exception as exc:  # noqa: BLE001 - MLflow's own exceptions: one line naming the store
+            raise _store_error(uri, exc) from None
         id_file = out / self.ID_FILE
-        old = id_file.read_text().strip() if id_file.exists() else ""
-        if old and fresh:
-            try:
-                self.client.delete_run(old)
-            except Exception:  # noqa: BLE001 - the old run is gone already (another store): nothing to replace
-                pass
+        if fresh:  # an export replaces the MLflow run an earlier export (or the live log) wrote
+            old = id_file.read_text(errors="replace").strip() if id_file.exists() else ""
+            if RUN_ID.fullmatch(old):
+                try:
+                    self.client.delete_run(old)
+                except Exception:  # noqa: BLE001 - the old run is gone already (another store): nothing to replace
+                    pass
             old = ""
+        else:
+            old = self._recorded(id_file, identity) if id_file.exists() else ""
+        self.logged = 0  # the last round the MLflow run holds
         if old:
             self.run_id = old
+            try:
+                hist = self.client.get_metric_history(old, self.STEP_KEY)
+            except Exception as exc:  # noqa: BLE001
+                raise _store_error(uri, exc) from None
+            self.logged = max((h.step for h in hist), default=0)
         else:
-            cfg = (identity or {}).get("config") or {}
-            name = f"{cfg.get('name') or cfg.get('method', 'run')}-seed{cfg.get('seed', 0)}"
-            tags = {"fedblend.config_hash": str((identity or {}).get("config_hash", "")),
-                    "fedblend.method": str(cfg.get("method", "")), "fedblend.out": str(out.resolve())}
-            self.run_id = self.client.create_run(eid, run_name=name, tags=tags).info.run_id
-            from mlflow.entities import Param
-
-            params = [Param(k[:250], str(v)[:6000]) for k, v in dotted_keys(cfg).items()]
-            for i in range(0, len(params), 100):
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.run_id = self._create(eid, out, identity)
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self.run_id + "\n")
 
+    def _create(self, eid: str, out: Path, identity: dict | None) -> str:
+        cfg = (identity or {}).get("config") or {}
+        name = f"{cfg.get('name') or cfg.get('method', 'run')}-seed{cfg.get('seed', 0)}"
+        tags = {"fedblend.config_hash": str((identity or {}).get("config_hash", "")),
+                "fedblend.method": str(cfg.get("method", "")), "fedblend.out": str(out.resolve())}
+        from mlflow.entities import Param
+
+        try:
+            run_id = self.client.create_run(eid, run_name=name, tags=tags).info.run_id
+            params = [Param(k[:250], str(v)[:6000]) for k, v in dotted_keys(cfg).items()]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(run_id, params=params[i:i + 100])
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(self.uri, exc) from None
+        return run_id
+
+    def _recorded(self, id_file: Path, identity: dict | None) -> str:
+        """The MLflow run id ``.mlflow_run`` names, checked: an MLflow run id, held by this store, logged by a
+        run of this method and seed; else :class:`TrackerError` naming the file and the fix."""
+        fix = f"delete {id_file} to start a new MLflow run for this directory"
+        text = id_file.read_text(errors="replace").strip()
+        if not RUN_ID.fullmatch(text):
+            raise TrackerError(f"{id_file} is damaged: it should hold one MLflow run id (32 hex digits), it holds "
+                               f"{text[:60]!r}; {fix}")
+        try:
+            run = self.client.get_run(text)
+        except Exception:  # noqa: BLE001 - MLflow says "not found" in its own exception types
+            raise TrackerError(f"{id_file} names MLflow run {text}, which the store {self.uri} does not hold (another "
+                               f"store, or the run was deleted: is [log] mlflow_uri the one this run logged to?); "
+                               f"{fix}") from None
+        cfg = (identity or {}).get("config") or {}
+        want = {"method": str(cfg.get("method", "")), "seed": str(cfg.get("seed", ""))}
+        have = {"method": run.data.tags.get("fedblend.method", ""), "seed": run.data.params.get("seed", "")}
+        if cfg and want != have:
+            raise TrackerError(f"{id_file} names MLflow run {text}, which logged another run (method "
+                               f"{have['method']!r}, seed {have['seed']!r}; this one: {want['method']!r}, "
+                               f"{want['seed']!r}); {fix}")
+        return text
+
     def __call__(self, m: dict) -> None:
-        if not _loggable(m):
+        if not _loggable(m) or int(m["round"]) <= self.logged:  # a resumed run's redone round: logged already
             return
         from mlflow.entities import Metric
 
@@ -140,13 +253,41 @@ class MLflowLog:
         metrics = [Metric(k, v, 0, step) for k, v in scalar_row(m).items()]
         for i in range(0, len(metrics), 500):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 500])
+        self.logged = step
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+        summary = self._summary()
+        status = "KILLED"
+        if summary is not None:
+            from mlflow.entities import Metric
+
+            step = int(summary.get("rounds") or 0)
+            nums = [Metric(k, float(summary[k]), 0, step) for k in ("best_accuracy", "final_accuracy", "best_round")
+                    if isinstance(summary.get(k), (int, float)) and not isinstance(summary.get(k), bool)
+                    and math.isfinite(summary[k])]
+            self.client.log_batch(self.run_id, metrics=nums)
+            self.client.set_tag(self.run_id, "fedblend.status", str(summary.get("status", "")))
+            for name in ("summary.json", "config.toml"):
+                if (self.out / name).is_file():
+                    self.client.log_artifact(self.run_id, str(self.out / name))
+            status = "FAILED" if summary.get("status") == "diverged" else "FINISHED"
+        self.client.set_terminated(self.run_id, status)
+
+    def _summary(self) -> dict | None:
+        """This run's summary.json, if it wrote one (an older one, of the run it resumed, does not count)."""
+        path = self.out / "summary.json"
+        try:
+            if path.stat().st_mtime < self.started:
+                return None
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
 
 def read_mlflow(uri: str, run_id: str) -> dict[str, dict[int, float]]:
-    """``{metric: {step: value}}`` of an MLflow run, through MLflow's own client."""
+    """``{metric: {step: value}}`` of an MLflow run, through MLflow's own client (a local file store allowed)."""
+    allow_file_store(uri)
     client = _mlflow()(uri)
     keys = client.get_run(run_id).data.metrics
     return {k: {h.step: h.value for h in client.get_metric_history(run_id, k)} for k in keys}
@@ -239,16 +380,68 @@ def wandb_records(blob: bytes) -> list[bytes]:
 
 
 def make_trackers(cfg_log: Any, out: str | Path, identity: dict | None = None) -> list[Tracker]:
-    """The trackers a run's ``[log]`` table asks for, writing into the results directory ``out``."""
+    """The trackers a run's ``[log]`` table asks for, writing into the results directory ``out``, each
+    :class:`Guarded` by ``[log] on_error``: a tracker that fails stops the run in one line naming it
+    (``"stop"``) or is warned about once and left out for the rest of the run (``"warn"``)."""
     out = Path(out)
-    trackers: list[Tracker] = []
+    on_error = getattr(cfg_log, "on_error", "stop")
+    makers = []
     if getattr(cfg_log, "tensorboard", False):
-        trackers.append(TensorBoardLog(out / TB_DIR))
+        makers.append(("tensorboard", str(out / TB_DIR), lambda: TensorBoardLog(out / TB_DIR)))
     if getattr(cfg_log, "mlflow", False):
-        trackers.append(MLflowLog(out, identity, cfg_log.mlflow_uri, cfg_log.mlflow_experiment))
+        makers.append(("mlflow", cfg_log.mlflow_uri or str(out / "mlruns"),
+                       lambda: MLflowLog(out, identity, cfg_log.mlflow_uri, cfg_log.mlflow_experiment)))
     if getattr(cfg_log, "wandb", False):
-        trackers.append(WandbLog(out, identity, cfg_log.wandb_project, cfg_log.wandb_mode))
+        makers.append(("wandb", str(out / "wandb"),
+                       lambda: WandbLog(out, identity, cfg_log.wandb_project, cfg_log.wandb_mode)))
+    trackers: list[Tracker] = []
+    for name, where, make in makers:
+        try:
+            trackers.append(Guarded(make(), name, where, on_error))
+        except Exception as exc:  # noqa: BLE001 - any tracker's failure to start, named
+            err = exc if isinstance(exc, TrackerError) else TrackerError(
+                f"{name} tracker ({where}) failed to start: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+            if on_error != "warn":
+                raise err from None
+            warnings.warn(f"{err}; the run goes on without it ([log] on_error = 'warn')", RuntimeWarning,
+                          stacklevel=2)
     return trackers
+
+
+class Guarded:
+    """A tracker whose failures are one line naming it, its store and the round: raised as :class:`TrackerError`
+    (``on_error = "stop"``), or warned once, after which the tracker is left out (``"warn"``)."""
+
+    def __init__(self, tracker: Tracker, name: str, where: str, on_error: str = "stop"):
+        self.tracker, self.name, self.where, self.on_error, self.off = tracker, name, where, on_error, False
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        err = exc if isinstance(exc, TrackerError) else TrackerError(
+            f"{self.name} tracker ({self.where}) failed {what}: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]}; set [log] on_error = \"warn\" to go on without it")
+        if self.on_error != "warn":
+            raise err from None
+        self.off = True
+        warnings.warn(f"{err}; the run goes on without it ([log] on_error = 'warn')", RuntimeWarning, stacklevel=3)
+
+    def __call__(self, m: dict) -> None:
+        if self.off:
+            return
+        try:
+            self.tracker(m)
+        except Exception as exc:  # noqa: BLE001
+            self._failed(f"logging round {m.get('round')}", exc)
+
+    def close(self) -> None:
+        if self.off:
+            return
+        try:
+            self.tracker.close()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("at the run's end", exc)
+
+    def __getattr__(self, name: str) -> Any:  # the tracker's own attributes (run_id, uri, ...)
+        return getattr(self.tracker, name)
 
 
 def check_available(cfg_log: Any) -> None:

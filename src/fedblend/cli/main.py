@@ -210,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     dep.add_argument("--force", action="store_true", help="replace a run already in OUT")
     dep.add_argument("--quiet", action="store_true", help="no progress display")
+    dep.add_argument("--keep-work", action="store_true", help="keep the nodes' states and the SuperLink's database "
+                     "in the work folder .OUT.flower after a run that did all its rounds (to extend it later with "
+                     "--resume); by default only its logs stay")
     dep.add_argument("--write-app", metavar="APP_DIR", help="only write the Flower app (for `flwr run APP_DIR "
                      "CONNECTION` against your own SuperLink; OUT is then a path on the SuperLink's machine)")
     return ap
@@ -427,10 +430,21 @@ def _dispatch(args: argparse.Namespace) -> int:
     finally:
         if hasattr(progress, "close"):  # any callable may stand in for the display (tests do)
             progress.close()
-    keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "global_accuracy", "seconds_per_round"]
-    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
+    _result_line(summary, ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "global_accuracy",
+                           "seconds_per_round"])
     print(f"results in {out}")
     return 0
+
+
+def _result_line(summary: dict, keys: list[str]) -> None:
+    """The command's one JSON result line; a run that is not a full result (status other than "finished", e.g.
+    "finished-degraded": clients lost) carries its status there and says why on stderr."""
+    status = summary.get("status", "finished")
+    shown = {**({"status": status} if status != "finished" else {}), **{k: summary.get(k) for k in keys if k in summary}}
+    print(json.dumps(shown))
+    if status != "finished":
+        print(f"fedblend: warning: the run's status is {status!r}: {summary.get('degraded') or summary.get('stop_reason', '')}",
+              file=sys.stderr)
 
 
 def config_overrides(args: argparse.Namespace) -> list[str]:
@@ -695,12 +709,15 @@ def _deploy(cfg, args: argparse.Namespace) -> int:
     try:
         summary = deploy_local(cfg, args.out, args.nodes, args.data_dir, timeout=args.timeout,
                                min_clients=args.min_clients, threads=args.threads, resume=args.resume,
-                               force=args.force, progress=progress, retries=args.retries)
+                               force=args.force, progress=progress, retries=args.retries,
+                               keep_work=args.keep_work)
     finally:
         if progress is not None:
             progress.close()
-    keys = ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round"]
-    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
+    from fedblend.flower.deploy import work_dir, work_note
+
+    print(work_note(work_dir(Path(args.out))), file=sys.stderr)
+    _result_line(summary, ["method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round"])
     print(f"results in {args.out}")
     return 0
 

@@ -17,7 +17,8 @@ Both read the run config of the generated app (:func:`fedblend.flower.deploy.wri
   ClientApp that stopped responding, a lost reply) is sent again within ``timeout`` (default 1,
   :data:`fedblend.flower.backend.TRANSIENT`); ``keep``: state versions a node keeps per client (default
   enough for a resume, ``2 * checkpoint_every + 2``); ``state-dir``: the nodes' state directories' parent
-  where a node config names none (:mod:`fedblend.flower.node`).
+  where a node config names none (:mod:`fedblend.flower.node`); ``error-file``: where the ServerApp writes the
+  one line saying why it stopped, if it fails (``fedblend deploy`` reads it for its error; default none).
 
 The ServerApp is :func:`fedblend.experiment.run_experiment` with the :class:`~fedblend.flower.backend.
 FlowerBackend`: the engine's one round loop, its sampling and every random stream from the config's seed (never
@@ -74,12 +75,35 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> 
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
                             keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop,
                             wait_nodes=float(rc.get("wait-nodes", 300)), retries=int(rc.get("retries", 1)))
-    summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None, resume=bool(rc.get("resume", False)),
-                             force=bool(rc.get("force", False)), backend=backend, progress=progress)
-    keys = ("method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
+    try:
+        summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None,
+                                 resume=bool(rc.get("resume", False)), force=bool(rc.get("force", False)),
+                                 backend=backend, progress=progress)
+    except BaseException as exc:
+        record_error(exc, str(rc.get("error-file") or ""))
+        raise
+    keys = ("status", "method", "seed", "rounds", "best_accuracy", "final_accuracy", "seconds_per_round")
     if echo:
         print(json.dumps({k: summary.get(k) for k in keys}), flush=True)
     return summary
+
+
+ERROR_MARK = "[fedblend] ServerApp error: "  # heads the one line saying why the ServerApp stopped
+
+
+def record_error(exc: BaseException, error_file: str = "") -> None:
+    """Why the ServerApp stopped, as one line: on stderr (which ``flwr run --stream`` shows) and, when the run
+    config names an ``error-file`` (``fedblend deploy`` does, in its work folder), in that file, so that the
+    command's error line gives the cause instead of a process's exit code."""
+    import sys
+
+    line = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]
+    print(ERROR_MARK + line, file=sys.stderr, flush=True)
+    if error_file:
+        try:
+            Path(error_file).write_text(line + "\n")
+        except OSError:
+            pass  # the stderr line is still there
 
 
 def _log_to_stderr() -> None:

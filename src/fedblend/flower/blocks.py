@@ -21,7 +21,8 @@ accuracies equal ``fedblend run``'s for the same config and seed (one torch thre
 The app's Flower run config (``[tool.flwr.app.config]``, ``flwr run --run-config``) may set
 
 * the deployment options, under the names of the generated app: ``out`` (the results directory on the
-  ServerApp's machine, default ``fedblend-runs/LABEL`` in its working directory), ``data-dir``, ``num-nodes``,
+  ServerApp's machine, default ``runs/LABEL`` in its working directory,
+  where ``fedblend run`` writes), ``data-dir``, ``num-nodes``,
   ``timeout``, ``min-clients``, ``threads``, ``resume``, ``force`` (they override the factory's keyword arguments);
 * fedblend config fields under ``fedblend.``: ``fedblend.rounds = 5`` or a table ``[tool.flwr.app.config.fedblend]``
   with ``method = "fedala"``, ``train.lr = 0.05`` ... (``--set`` of ``fedblend run``, applied to the factory's
@@ -78,7 +79,7 @@ def run_config_for(raw: Mapping[str, Any], run_config: Mapping[str, Any], defaul
     sets = [f"{k[len(PREFIX):]}={_toml_value(v)}" for k, v in sorted(run_config.items()) if k.startswith(PREFIX)]
     cfg = config_from_dict(apply_overrides(dict(raw), sets))
     rc = {**DEFAULTS, **defaults, **{k: v for k, v in run_config.items() if k in DEFAULTS}}
-    rc["out"] = str(rc["out"] or Path("fedblend-runs") / cfg.label)
+    rc["out"] = str(rc["out"] or Path("runs") / cfg.label)
     rc["fedblend-config"] = json.dumps(cfg.resolved(), sort_keys=True)
     return rc
 

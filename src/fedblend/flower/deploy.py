@@ -52,8 +52,10 @@ def _toml_str(s: str) -> str:
 
 def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: str | Path | None = None,
               nodes: int = 1, timeout: float = 600.0, min_clients: int = 1, threads: int = 1,
-              resume: bool = False, force: bool = False, poll: float = 0.2, retries: int = 1) -> Path:
-    """Write the Flower app of ``cfg`` to ``app_dir`` (its run config: see :mod:`fedblend.flower.apps`)."""
+              resume: bool = False, force: bool = False, poll: float = 0.2, retries: int = 1,
+              error_file: str | Path | None = None) -> Path:
+    """Write the Flower app of ``cfg`` to ``app_dir`` (its run config: see :mod:`fedblend.flower.apps`;
+    ``error_file``: where the ServerApp writes why it stopped, if it fails)."""
     app = Path(app_dir)
     app.mkdir(parents=True, exist_ok=True)
     values: dict[str, Any] = {
@@ -64,6 +66,8 @@ def write_app(cfg: RunConfig, app_dir: str | Path, out: str | Path, data_dir: st
         "threads": int(threads), "resume": bool(resume), "force": bool(force), "poll": float(poll),
         "retries": int(retries),
     }
+    if error_file:
+        values["error-file"] = str(Path(error_file).resolve())
     lines = [f"{k} = {_toml_str(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
              for k, v in values.items()]
     (app / "pyproject.toml").write_text(
@@ -311,18 +315,28 @@ def local_federation(base: Path, **kw):
         fed.close()
 
 
+def work_dir(out: Path) -> Path:
+    """The deployment's work folder: ``.NAME.flower`` beside the results directory ``out``."""
+    out = Path(out).resolve()
+    return out.parent / f".{out.name}.flower"
+
+
 def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Path | None = None,
                  timeout: float = 600.0, min_clients: int = 1, threads: int = 1, resume: bool = False,
                  force: bool = False, run_timeout: float | None = None,
                  progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
-                 superexec_poll: float = SUPEREXEC_POLL, retries: int = 1) -> dict:
+                 superexec_poll: float = SUPEREXEC_POLL, retries: int = 1, keep_work: bool = False) -> dict:
     """``fedblend deploy``: run ``cfg`` on a loopback Flower federation of ``nodes`` SuperNodes; returns the
     run's summary.json. ``progress(row, None)`` hears every metrics row as the ServerApp writes it to
     ``OUT/metrics.jsonl`` (the command's round display). ``poll``: seconds between the ServerApp's pulls of
     replies (Flower's ``send_and_receive``: 3); ``superexec_poll``: Flower's supported knob
     ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, how often the SuperExecs look for a ServerApp / ClientApp to start
     (Flower's default: 1 s); ``retries``: sends again of a message whose reply is a transient Flower error
-    (:data:`fedblend.flower.backend.TRANSIENT`)."""
+    (:data:`fedblend.flower.backend.TRANSIENT`). The work folder ``.OUT.flower`` beside ``OUT`` (logs, the
+    nodes' state directories with their data caches, the SuperLink's database) is kept whole when the run fails
+    or stops (a ``--resume`` needs the nodes' states); after a run that did all its rounds its nodes' states and
+    database are removed, the logs kept (``keep_work``: keep everything, to extend the run later with
+    ``--resume``), and :func:`work_note` says what is left where."""
     from fedblend.rundir import DirLock, RunLockedError, check_out_dir, locked_by
 
     out = Path(out).resolve()
@@ -336,19 +350,23 @@ def deploy_local(cfg: RunConfig, out: str | Path, nodes: int, data_dir: str | Pa
     if holder is not None:
         raise RunLockedError(f"{out} is in use: process {holder or '?'} is writing this run directory (one writer at "
                              f"a time)")
-    work = out.parent / f".{out.name}.flower"
+    work = work_dir(out)
     with DirLock(work, "deploy work folder"):
-        return _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
-                              run_timeout, progress, poll, superexec_poll, retries)
+        summary = _deploy_locked(cfg, out, work, nodes, data_dir, timeout, min_clients, threads, resume, force,
+                                 run_timeout, progress, poll, superexec_poll, retries)
+        if not keep_work:
+            clean_work(work)
+        return summary
 
 
 def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, timeout: float, min_clients: int,
                    threads: int, resume: bool, force: bool, run_timeout: float | None,
                    progress: Callable[[dict, Any], None] | None = None, poll: float = 0.2,
-                   superexec_poll: float = SUPEREXEC_POLL, retries: int = 1) -> dict:
+                   superexec_poll: float = SUPEREXEC_POLL, retries: int = 1, keep_work: bool = False) -> dict:
     shutil.rmtree(work / "flwr-home", ignore_errors=True)
+    (work / ERROR_FILE).unlink(missing_ok=True)
     app = write_app(cfg, work / "app", out, data_dir, nodes, timeout, min_clients, threads, resume, force, poll,
-                    retries)
+                    retries, error_file=work / ERROR_FILE)
     with local_federation(work, env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(superexec_poll)}) as fed:
         fed.start_superlink()
         log.info("SuperLink on 127.0.0.1:%d; starting %d SuperNode(s); logs in %s", fed.port, nodes, work)
@@ -362,7 +380,31 @@ def _deploy_locked(cfg: RunConfig, out: Path, work: Path, nodes: int, data_dir, 
     summary = _read_summary(summary_path)
     if res.returncode != 0 or summary is None or summary.get("rounds", 0) < cfg.rounds:
         raise DeployError(_failure(res.returncode, failed, work, summary))
+    for name in failed:  # the run went on without them (its summary's status says what it lost)
+        log.warning("%s exited during the run; last lines of %s: %s", name, work / f"{name}.log",
+                    log_tail(work / f"{name}.log"))
     return summary
+
+
+ERROR_FILE = "serverapp-error.txt"  # the ServerApp's one line on why it stopped (fedblend.flower.apps.record_error)
+REMOVED = ("node-", "superlink.db", "app", "flwr-home")  # what clean_work removes: node states, database, app, config
+
+
+def clean_work(work: Path) -> None:
+    """Remove what only a ``--resume`` of the run needs from its work folder: the nodes' state directories (their
+    clients' states and data caches), the SuperLink's database, the app; the logs stay."""
+    for p in work.iterdir():
+        if p.name.startswith(REMOVED):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def work_note(work: Path) -> str:
+    """One line: where the deployment's work folder is and how much it holds."""
+    size = sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) if work.is_dir() else 0
+    return f"Flower logs and work files in {work} ({size / 1e6:.1f} MB)"
 
 
 def _read_summary(path: Path) -> dict | None:
@@ -377,15 +419,36 @@ def _failure(code: int, failed: list[str], work: Path, summary: dict | None) -> 
     """One line: what failed (``flwr run``'s exit, the processes that exited, the run's own status), the last
     lines of the relevant log, and the proxy variables when some are set."""
     parts = [f"the Flower run did not finish: flwr run exited {code}"]
+    cause = _server_error(work)
+    if cause:  # the ServerApp said why it stopped: that is the reason, first
+        parts.append(f"the ServerApp stopped: {cause}")
     if summary is not None and summary.get("status") not in (None, "finished"):
         parts.append(f"the run ended with status {summary['status']!r}: {summary.get('stop_reason', '')}")
     for name in failed:
         parts.append(f"{name} exited early; last lines of {work / (name + '.log')}: {log_tail(work / (name + '.log'))}")
-    if not failed:
+    if not failed and not cause:
         parts.append(f"last lines of {work / 'flwr-run.log'}: {log_tail(work / 'flwr-run.log')}")
     proxies = proxies_set()
-    if proxies:
+    if proxies and not cause:  # an unexplained failure only: with a cause, the proxy is not it
         parts.append(f"proxy variables are set ({', '.join(proxies)}); loopback was exempted via no_proxy, check "
                      f"that they do not capture 127.0.0.1")
     parts.append(f"all logs in {work}")
     return "; ".join(p for p in parts if p)
+
+
+def _server_error(work: Path) -> str:
+    """The ServerApp's own line on why it stopped: its error file, else the marked line in ``flwr-run.log``."""
+    from fedblend.flower.apps import ERROR_MARK
+
+    try:
+        text = (work / ERROR_FILE).read_text(errors="replace").strip()
+    except OSError:
+        text = ""
+    if text:
+        return text
+    try:
+        lines = (work / "flwr-run.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    marked = [ln.split(ERROR_MARK, 1)[1].strip() for ln in lines if ERROR_MARK in ln]
+    return marked[-1] if marked else ""

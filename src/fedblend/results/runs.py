@@ -107,7 +107,7 @@ def unfinished(runs: list[Path]) -> list[dict[str, Any]]:
         s = read_summary(r)
         if s.get("status", "finished") != "finished" or not s:
             out.append({"dir": str(r), "status": s.get("status", "unfinished"), "last_round": last_round(r),
-                        "reason": s.get("stop_reason", "")})
+                        "reason": s.get("stop_reason") or s.get("degraded") or ""})
     return out
 
 

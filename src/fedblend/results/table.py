@@ -185,5 +185,6 @@ def notes(rows: list[dict], pending: list[dict], skipped: list[str] = ()) -> str
                      f"method and config columns; give each config its own name)")
     for u in pending:
         why = f": {u['reason']}" if u["reason"] else ""
-        lines.append(f"unfinished: {u['dir']} ({u['status']}, last round {u['last_round']}){why}")
+        head = "not in the table (clients lost)" if str(u["status"]).startswith("finished-") else "unfinished"
+        lines.append(f"{head}: {u['dir']} ({u['status']}, last round {u['last_round']}){why}")
     return "".join(f"\n{x}" for x in lines) + ("\n" if lines else "")
