@@ -41,3 +41,18 @@ def test_the_comparison_fails_on_a_drifted_range(monkeypatch):
     code = field_docs()
     assert ("lr", "`0.01`", "float >= 0") in code["`[train]`"]
     assert documented()["`[train]`"] != code["`[train]`"]
+
+
+def test_eval_model_choices_documented_per_method():
+    """docs/config.md's table of ``[eval] model`` choices is each registered method's ``eval_choices()`` (the
+    default first), and ``METHOD+ala``'s row is what every host but Ditto offers with ALA."""
+    from fedblend.algorithms import METHODS, build_method
+    from tests.test_shared_suite import hosts
+
+    rows = dict(re.findall(r"^\| `([^`]+)` \| ((?:`[a-z]+`(?: / )?)+) \|$", DOC.read_text(), re.M))
+    want = {name: " / ".join(f"`{c}`" for c in build_method(name).eval_choices()) for name in METHODS}
+    assert {k: v for k, v in rows.items() if k in METHODS} == want
+    with_ala = {h: list(build_method(f"{h}+ala").eval_choices()) for h in hosts("ala")}
+    assert {h: c for h, c in with_ala.items() if h != "ditto"} == {
+        h: [c.strip("`") for c in rows["METHOD+ala"].split(" / ")] for h in with_ala if h != "ditto"}
+    assert with_ala["ditto"] == ["trained"]

@@ -35,9 +35,9 @@ def test_run_uses_one_thread_by_default_like_sweep(tmp_path):
 def test_option_help_is_whole_sentences_from_field_metadata(capsys):
     assert main(["methods", "ala"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    # ALA's eval option has a long help: shown whole, wrapped, never cut
-    assert '"stored" = Eq. 4 with the stored W (no learning), "trained" = the method\'s own (model after local ' \
-           'training)' in text
+    # ALA's eval_stream option has a long help: shown whole, wrapped, never cut
+    assert 'learn W from the next round\'s training stream (the blend the client then trains from; learned once) or ' \
+           'from this round\'s "eval" stream (earlier runs)' in text
     from dataclasses import dataclass, field
 
     from fedblend.cli.main import field_help

@@ -24,6 +24,7 @@ from fedblend.algorithms.parts.ala_learning import (
 from fedblend.common.params import clone
 from fedblend.common.rng import SeedTree
 from fedblend.config import load_config
+from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import ClientCtx, RunInfo
 from fedblend.core.training import TrainConfig
 from fedblend.models.zoo import MLP, build_model, model_params
@@ -296,7 +297,8 @@ def test_ala_hosts_are_the_methods_with_a_global_model_and_fedamp():
 def test_eval_modes_do_not_disturb_training(tiny_fed):
     runs = {}
     for mode in ("ala", "stored", "trained"):
-        s = tiny_sim(tiny_fed, "fedavg+ala", transforms={"ala": {"eta": 2.0, "eval": mode}}, rounds=3)
+        s = tiny_sim(tiny_fed, "fedavg+ala", transforms={"ala": {"eta": 2.0}}, rounds=3,
+                     protocol=EvalProtocol(model=mode))
         s.run()
         runs[mode] = s
     g = runs["ala"].server["global"]
@@ -336,9 +338,11 @@ def test_stats_and_options_validation(tiny_fed):
     assert "client_seconds" in plain.run_round() and not any(k.endswith("_share") for k in plain.history[0])
     assert 0.0 <= m["ala_w_q10.fc2"] <= m["ala_w_q50.fc2"] <= m["ala_w_q90.fc2"] <= 1.0
     from fedblend.common.options import ConfigError
-    for bad in ({"s": 0}, {"s": 120}, {"p": 0}, {"eta": -1}, {"sample": "block"}, {"eval": "final"}):
-        with pytest.raises(ConfigError):
+    for bad in ({"s": 0}, {"s": 120}, {"p": 0}, {"eta": -1}, {"sample": "block"}, {"eval": "ala"}):
+        with pytest.raises(ConfigError):  # ALA's eval is [eval] model now: no option of ALA's
             build_method("fedavg+ala", None, {"ala": bad})
+    with pytest.raises(ValueError, match="not one of its choices: 'ala', 'stored', 'trained'"):
+        build_method("fedavg+ala", eval_choice="final")
 
 
 @pytest.mark.parametrize("name,method", [

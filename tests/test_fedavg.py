@@ -4,6 +4,7 @@ from torch import nn
 from fedblend.algorithms import build_method
 from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.common.params import weighted_average
+from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.message import Message
 from fedblend.core.training import TrainConfig, sgd_train
 from tests.helpers import eval_message, run_client, tiny_sim, train_message
@@ -111,8 +112,9 @@ def test_fedavg_ft_training_identical_to_fedavg(tiny_fed):
 
 
 def test_fedavg_ft_with_transform_fine_tunes_the_transform_model(tiny_fed):
-    """fedavg-ft+ala (ALA eval "trained"): evaluation fine-tunes the client's own model, not the global one."""
-    sim = tiny_sim(tiny_fed, "fedavg-ft+ala", transforms={"ala": {"eval": "trained"}}, rounds=2)
+    """fedavg-ft+ala (``[eval] model = "trained"``): evaluation fine-tunes the client's own model, not the global
+    one."""
+    sim = tiny_sim(tiny_fed, "fedavg-ft+ala", rounds=2, protocol=EvalProtocol(model="trained"))
     sim.run()
     ctx = sim.client_ctx(0, 1, "evaluate")
     got = sim.method.eval_params(eval_message(sim, 0, 1), sim.store.get(0), ctx)

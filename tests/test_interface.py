@@ -254,7 +254,7 @@ def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
     with pytest.raises(dataclasses.FrozenInstanceError):
         apa.traits.sequential_server = True
     # an option that makes the client keep its model; a transform that needs one
-    assert build_method("fedphp", {"eval": "trained"}).traits.keeps_model
+    assert build_method("fedphp", eval_choice="trained").traits.keeps_model and not build_method("fedphp").traits.keeps_model
     assert not build_method("fedavg").traits.keeps_model and build_method("fedavg+ala").traits.keeps_model
     # the evaluation description composes the transform's and the method's own wrapping
     assert build_method("fedprox+ala").traits.eval_model != build_method("fedprox").traits.eval_model

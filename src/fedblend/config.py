@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -108,6 +109,13 @@ SCALAR_RANGES = {"rounds": "[1, 1000000]", "seed": "[0, 4294967295]", "checkpoin
 # the config hash. ``rounds`` may grow on --resume (it is in the hash: a longer run is another result). The
 # divergence guard changes no number of a round either, only whether a diverged run stops or is flagged.
 RUNTIME_ONLY = ("backend", "workers", "store", "log", "on_divergence", "divergence_factor")
+#: the options that chose the evaluated model before ``[eval] model``: method or transform -> (field of its table,
+#: that field's default). A config that sets one loads with a warning, the value read as ``eval.model`` (a default
+#: value chooses nothing), so the ``config.toml`` of earlier runs still loads, resumes and compares
+#: (:func:`migrate_eval`).
+LEGACY_EVAL = {"apfl": ("eval_global", "received"), "dbe": ("eval", "received"), "fedphp": ("eval", "hpm"),
+               "pfedhn": ("eval", "received"), "pfedla": ("eval", "trained"), "fedproto": ("eval", "proto"),
+               "fedgh": ("eval", "header"), "fedala": ("eval", "ala"), "+ala": ("eval", "ala")}
 # [partition] fields that apply to some splits only: setting one for another split is an error.
 SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("train_val_test",),
               "test_per_client": ("official",), "min_test_samples": ("official",)}
@@ -162,10 +170,12 @@ class RunConfig:
         out["options"] = _plain(to_table(from_table(METHODS[base].options_cls, self.options, "options")))
         for p in parts:
             out[p] = _plain(to_table(from_table(TRANSFORMS[p].options_cls, self.transforms.get(p), p)))
+        if out["eval"].get("model") == next(iter(self.build_method().eval_choices())):
+            del out["eval"]["model"]  # the method's default: recorded as unset, so the config (and hash) is one
         return out
 
     def build_method(self):
-        return build_method(self.method, self.options, self.transforms)
+        return build_method(self.method, self.options, self.transforms, self.eval.model)
 
     def input_files(self) -> dict[str, str]:
         """The files the run reads besides the dataset, by config key (``init``, ``partition.path``, a method or
@@ -220,9 +230,42 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def migrate_eval(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` with the evaluation options of :data:`LEGACY_EVAL` (``[options] eval``, ``eval_global``, ``[ala]
+    eval``) moved to ``[eval] model``, and the old spellings found (``["ala.eval = 'stored'"]``). A default value
+    chooses nothing and is dropped; a ``ConfigError`` where two of them, or one and ``[eval] model``, differ."""
+    method = raw.get("method", "fedavg")
+    if not isinstance(method, str):
+        return raw, []
+    base, *parts = [s.strip() for s in method.split("+")]
+    out, found, chosen = dict(raw), [], {}
+    for table, legacy in [("options", LEGACY_EVAL.get(base))] + [(p, LEGACY_EVAL.get("+" + p)) for p in parts]:
+        if legacy is None or not isinstance(out.get(table), dict) or legacy[0] not in out[table]:
+            continue
+        out[table] = dict(out[table])
+        value = out[table].pop(legacy[0])
+        found.append(f"{table}.{legacy[0]} = {value!r}")
+        if value != legacy[1]:
+            chosen[f"{table}.{legacy[0]}"] = value
+    given = (out.get("eval") or {}).get("model") if isinstance(out.get("eval"), dict) else None
+    if len(chosen) > 1 or (chosen and given is not None and given not in chosen.values()):
+        both = ", ".join(f"{k} = {v!r}" for k, v in chosen.items())
+        raise ConfigError(f"{both}{f' and eval.model = {given!r}' if given is not None else ''}: the evaluated model "
+                          f"is one choice now, [eval] model; set it alone")
+    if chosen:
+        out["eval"] = {**(out.get("eval") or {}), "model": next(iter(chosen.values()))}
+    return out, found
+
+
 def config_from_dict(raw: dict[str, Any]) -> RunConfig:
     """Validate a raw dict (from TOML and ``--set``) into a :class:`RunConfig`."""
-    raw = dict(raw)
+    raw, legacy = migrate_eval(dict(raw))
+    if legacy:
+        model = (raw.get("eval") or {}).get("model")
+        warnings.warn(f"{', '.join(legacy)}: the evaluated model is [eval] model now (the method's options no longer "
+                      f"choose it); read as {f'eval.model = {model!r}' if model else 'the default'}. Write "
+                      f"{f'[eval] model = {model!r}' if model else 'nothing (the default)'} instead", FutureWarning,
+                      stacklevel=2)
     kwargs: dict[str, Any] = {}
     for k, tp in SCALARS.items():
         if k in raw:

@@ -72,6 +72,7 @@ from fedblend.config import (
     config_diff,
     config_hash,
     dump_toml,
+    migrate_eval,
 )
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, verify_checkpoint
@@ -189,7 +190,8 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
                                       f"hashes to {config_hash(old['config'])} (the checkpoint was altered); start "
                                       f"again with --force")
     new = cfg.resolved()
-    diffs = config_diff(old["config"], new, ignore=RUNTIME_ONLY + ("rounds",))
+    was = migrate_eval(old["config"])[0]  # a run started before [eval] model: its evaluation options moved there
+    diffs = config_diff(was, new, ignore=RUNTIME_ONLY + ("rounds",))
     if new["rounds"] < old["config"]["rounds"]:
         diffs.append(f"rounds: {old['config']['rounds']!r} -> {new['rounds']!r} (a resumed run can only be "
                      f"extended)")
@@ -275,6 +277,7 @@ def _protocol(cfg: RunConfig, sim: Simulation) -> dict[str, Any]:
                     else f"{p.report} round's accuracy on the validation split")
     return {
         "personalized_model": sim.method.traits.eval_model,
+        "model": sim.method.traits.eval_choice,  # eval.model in force (the config records it only when not the default)
         "when": "after each round's aggregation (every eval.every rounds and the last)",
         "split": p.split,
         "accuracy": "pooled over clients: sum correct / sum samples",

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.apfl import ALPHA, LOCAL, mix
+from fedblend.algorithms.apfl import ALPHA, APFL, LOCAL, mix
+from fedblend.core.evaluation import EvalProtocol
 from tests.helpers import eval_message, run_client, same_state, tiny_sim, train_message
 from tests.methods.common import FULL_BATCH, ce_grad, perturbed, specs_of
 
@@ -80,18 +81,20 @@ def test_apfl_evaluates_the_mixture(tiny_fed):
         ev, st, ctx = eval_message(sim, 0), sim.store.get(0), sim.client_ctx(0, sim.next_round)
         p = sim.method.eval_params(ev, st, ctx)
         a = st["apfl"]["alpha"]
-        w = ev.params() if spec == "apfl" else sim.method.transforms[0].eval_params(sim.method, ev, st, ctx, None)
+        received = sim.method.client_init(ev, st, ctx)
+        w = ev.params() if spec == "apfl" else sim.method.transforms[0].eval_params(sim.method, ev, st, ctx, received)
         assert 0.0 < float(a) < 1.0
         assert all(torch.allclose(p[k], a * st["apfl"]["v"][k] + (1 - a) * w[k]) for k in w)
         assert "mixture" in sim.method.traits.eval_model
 
 
-def test_apfl_eval_global_trained_mixes_the_clients_own_trained_copy_and_leaves_training_alone(tiny_fed):
-    """``eval_global = "trained"`` (PFLlib's ``model_per``): the evaluated mixture takes the client's own copy of
+def test_apfl_eval_model_trained_mixes_the_clients_own_trained_copy_and_leaves_training_alone(tiny_fed):
+    """``[eval] model = "trained"`` (PFLlib's ``model_per``): the evaluated mixture takes the client's own copy of
     ``w`` after its last local training (the copy it uploaded), not the received global model; training, and so
     the global model, is the default's bit for bit; before its first training a client mixes the received model."""
     kw = dict(rounds=3, seed=4, join_ratio=0.5)
-    paper, pflib = tiny_sim(tiny_fed, "apfl", **kw), tiny_sim(tiny_fed, "apfl", {"eval_global": "trained"}, **kw)
+    paper = tiny_sim(tiny_fed, "apfl", **kw)
+    pflib = tiny_sim(tiny_fed, "apfl", **kw, protocol=EvalProtocol(model="trained"))
     assert pflib.store.get(0) is None  # not contacted yet: the received model is mixed
     ev, ctx = eval_message(pflib, 0), pflib.client_ctx(0, pflib.next_round)
     st = pflib.method.init_client(ctx)
@@ -113,7 +116,7 @@ def test_apfl_eval_global_trained_mixes_the_clients_own_trained_copy_and_leaves_
     assert all("w" in pflib.store.get(c)["apfl"] for c in trained)
 
 
-def test_apfl_eval_global_trained_passes_the_contract_checks(tiny_fed, tmp_path):
+def test_apfl_eval_model_trained_passes_the_contract_checks(tiny_fed, tmp_path):
     """The extra per-client copy is state like any other: resume, evaluation without side effects, partial
     participation (fedblend.testing's contract checks, run on the option)."""
     from fedblend.testing import (
@@ -122,7 +125,11 @@ def test_apfl_eval_global_trained_passes_the_contract_checks(tiny_fed, tmp_path)
         check_rounds_resume_and_loss,
     )
 
-    opts = {"eval_global": "trained"}
-    check_rounds_resume_and_loss("apfl", tiny_fed, tmp_path, opts)
-    check_evaluation_leaves_states_unchanged("apfl", tiny_fed, opts)
-    check_partial_participation("apfl", tiny_fed, opts)
+    class APFLTrained(APFL):  # APFL evaluating [eval] model = "trained", as the checks build it from a class
+        def __init__(self, options=None, transforms=None):
+            super().__init__(options, transforms, eval_choice="trained")
+
+    assert APFLTrained().traits.eval_choice == "trained"
+    check_rounds_resume_and_loss(APFLTrained, tiny_fed, tmp_path)
+    check_evaluation_leaves_states_unchanged(APFLTrained, tiny_fed)
+    check_partial_participation(APFLTrained, tiny_fed)

@@ -1,11 +1,14 @@
-"""DBE: the representation bias (PRBM) folded into the head, the mean regulariser, what travels."""
+"""DBE: the representation bias (PRBM) in training and in the evaluated model's forward, the mean regulariser,
+what travels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.func import functional_call
 
-from fedblend.algorithms.dbe import PRBM, fold_bias, mean_regulariser, shifted_forward
+from fedblend.algorithms.dbe import PRBM, mean_regulariser, prbm_forward, shifted_forward
+from fedblend.core.evaluation import EvalProtocol, EvalSpec
 from fedblend.core.training import Batch, Forward, TrainConfig, sgd_train
 from fedblend.models.zoo import MLP
 from tests.helpers import run_client, tiny_sim, train_message, without_timings
@@ -23,10 +26,9 @@ def test_dbe_mean_regulariser_and_bias_on_hand_values():
     bias = torch.tensor([0.5, -1.0])
     x = torch.randn(5, 2)
     shifted = model.head(model.features(x) + bias)
-    from torch.func import functional_call
-
-    folded = functional_call(model, fold_bias(model, params, bias), (x,))
-    assert torch.allclose(shifted, folded, atol=1e-6)
+    evaluated = EvalSpec({**params, PRBM: bias}, prbm_forward()).logits(model, x)
+    assert torch.equal(shifted, evaluated)
+    assert not torch.equal(EvalSpec(params).logits(model, x), evaluated)  # the bias does reach the logits
 
 
 def test_dbe_training_adds_the_bias_to_the_features():
@@ -112,13 +114,11 @@ def test_dbe_init_pass_is_discarded_and_gives_the_sample_weighted_mean(tiny_fed)
 
 
 def test_dbe_eval_trained_scores_each_clients_trained_model_with_its_bias(tiny_fed):
-    """``eval = "trained"``: each client's score is its model after its last local training with its bias folded
-    in (h(f(x) + zbar_i^p)); the default scores the received global model with the bias. Training is the same."""
-    from torch.func import functional_call
-
+    """``[eval] model = "trained"``: each client's score is its model after its last local training with its bias
+    (h(f(x) + zbar_i^p)); the default scores the received global model with the bias. Training is the same."""
     sims = {}
     for ev in ("received", "trained"):
-        sims[ev] = tiny_sim(tiny_fed, "dbe", rounds=3, seed=2, options={"eval": ev})
+        sims[ev] = tiny_sim(tiny_fed, "dbe", rounds=3, seed=2, protocol=EvalProtocol(model=ev))
         sims[ev].run()
     trained, received = sims["trained"], sims["received"]
     assert [m["train_loss"] for m in trained.history] == [m["train_loss"] for m in received.history]
@@ -126,8 +126,9 @@ def test_dbe_eval_trained_scores_each_clients_trained_model_with_its_bias(tiny_f
     last = trained.history[-1]["per_client"]
     for cid, correct in zip(last["clients"], last["correct"]):
         state, data = trained.store.get(cid), tiny_fed.clients[cid]
-        model = fold_bias(trained.model, state["params"], state["prbm"])
         with torch.no_grad():
-            pred = functional_call(trained.model, model, (data.test_x,)).argmax(1)
+            feats = functional_call(trained.model, state["params"], (data.test_x,), {"part": "features"})
+            z = feats + state["prbm"]
+            pred = functional_call(trained.model, state["params"], (z,), {"part": "head"}).argmax(1)
         assert int((pred == data.test_y).sum()) == correct, cid
     assert "after its last local training" in trained.method.traits.eval_model

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedblend.algorithms.fedphp import FedPHPOptions, hpm_momentum, mmd, moving_average, transfer_loss
+from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.training import Batch
 from tests.helpers import run_client, same_state, tiny_sim, train_message
 
@@ -68,10 +69,10 @@ def test_fedphp_hpm_update_on_the_client(tiny_fed):
 
 
 def test_fedphp_eval_trained_scores_the_last_trained_model_and_leaves_training_alone(tiny_fed):
-    """``eval = "trained"`` (what PFLlib evaluates) scores each client's last trained model, not its HPM; the
+    """``[eval] model = "trained"`` (what PFLlib evaluates) scores each client's last trained model, not its HPM; the
     training trajectory (global model, HPMs) is the default's, and the default keeps no model in the state."""
-    runs = {e: tiny_sim(tiny_fed, "fedphp", {"eval": e, "mu": 0.9, "schedule": "round"}, rounds=3, seed=4)
-            for e in ("hpm", "trained")}
+    runs = {e: tiny_sim(tiny_fed, "fedphp", {"mu": 0.9, "schedule": "round"}, rounds=3, seed=4,
+                        protocol=EvalProtocol(model=e)) for e in ("hpm", "trained")}
     for sim in runs.values():
         sim.run()
     hpm, trained = runs["hpm"], runs["trained"]

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.fedproto import average_prototypes, prototype_head, prototype_loss
+from fedblend.algorithms.fedproto import average_prototypes, prototype_logits, prototype_loss, prototype_scores
 from fedblend.algorithms.parts.prototypes import class_prototypes
-from fedblend.core.training import Batch
-from tests.helpers import run_client, same_state, tiny_sim, train_message
+from fedblend.core.evaluation import EvalProtocol, EvalSpec
+from fedblend.core.training import Batch, Forward
+from tests.helpers import eval_message, run_client, same_state, tiny_sim, train_message
 from tests.methods.common import client_params
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,29 +40,53 @@ def test_fedproto_regulariser_by_hand():
     assert float(prototype_loss({}, batch, protos, mask, 2.0, "sq_l2")) == pytest.approx(2.0 * (1.0 + 0) / 2)
 
 
-def test_fedproto_prototype_head_is_nearest_prototype(tiny_fed):
+def test_fedproto_prototype_forward_is_nearest_prototype(tiny_fed):
+    """The evaluated forward classifies the body's features by the nearest prototype, with the distance
+    classifier's softmax; the client's own head plays no part, and a class without a prototype is never chosen."""
     sim = tiny_sim(tiny_fed, "fedproto", rounds=1)
     model = sim.model
+    params = {k: v.detach() for k, v in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
     d = model.fc2.in_features
     protos = {str(c): torch.randn(d, generator=g) for c in (0, 1, 3)}
-    head = prototype_head(model, protos, model.fc2.out_features)
-    f = torch.randn(50, d, generator=g)
-    logits = functional_call(model, head, (f,), {"part": "head"})
+    forward = Forward(prototype_logits, prototype_scores(protos, model.fc2.out_features))
+    x = torch.randn(50, *tiny_fed.clients[0].train_x.shape[1:], generator=g)
+    logits = EvalSpec(params, forward).logits(model, x)
+    f = functional_call(model, params, (x,), {"part": "features"})
     mat = torch.stack([protos[c] for c in ("0", "1", "3")])
     dist = torch.cdist(f, mat) ** 2
     assert torch.equal(logits.argmax(1), torch.tensor([0, 1, 3])[dist.argmin(1)])
     # the same softmax as the distance classifier -||f - C_j||^2 over the classes that have a prototype
     assert torch.allclose(F.softmax(logits, 1)[:, [0, 1, 3]], F.softmax(-dist, 1), atol=1e-5)
+    other_head = {**params, "fc2.weight": params["fc2.weight"] + 1.0}
+    assert torch.equal(EvalSpec(other_head, forward).logits(model, x), logits)
+
+
+def test_fedproto_evaluates_through_the_prototype_forward_once_it_has_prototypes(tiny_fed):
+    """``[eval] model = "proto"`` (default): the client's own model with the nearest-prototype forward after the
+    first aggregation, its own head before; ``"head"``: always its own model."""
+    sim = tiny_sim(tiny_fed, "fedproto", rounds=2, seed=1)
+    ctx = sim.client_ctx(0, 0, "evaluate")
+    assert sim.method.evaluate(eval_message(sim, 0), sim.store.get(0) or {"params": sim.run_info.init_params},
+                               ctx).forward is None
+    sim.run_round()
+    spec = sim.method.evaluate(eval_message(sim, 0), sim.store.get(0), ctx)
+    assert spec.forward is not None and spec.forward.fn is prototype_logits
+    assert same_state(spec.params, sim.store.get(0)["params"])
+    head = tiny_sim(tiny_fed, "fedproto", rounds=2, seed=1, protocol=EvalProtocol(model="head"))
+    head.run_round()
+    assert head.method.evaluate(eval_message(head, 0), head.store.get(0), ctx).forward is None
 
 
 def test_fedproto_lambda_zero_with_own_head_is_local(tiny_fed):
-    a = tiny_sim(tiny_fed, "fedproto", {"lam": 0.0, "eval": "head"}, rounds=3, seed=2, join_ratio=0.75)
+    a = tiny_sim(tiny_fed, "fedproto", {"lam": 0.0}, rounds=3, seed=2, join_ratio=0.75,
+                 protocol=EvalProtocol(model="head"))
     b = tiny_sim(tiny_fed, "local", rounds=3, seed=2, join_ratio=0.75)
     a.run(), b.run()
     assert same_state(client_params(a), client_params(b))
     assert [m["acc"] for m in a.history] == [m["acc"] for m in b.history]
-    c = tiny_sim(tiny_fed, "fedproto", {"lam": 1.0, "eval": "head"}, rounds=3, seed=2, join_ratio=0.75)
+    c = tiny_sim(tiny_fed, "fedproto", {"lam": 1.0}, rounds=3, seed=2, join_ratio=0.75,
+                 protocol=EvalProtocol(model="head"))
     c.run()
     assert not same_state(client_params(c), client_params(b))
 

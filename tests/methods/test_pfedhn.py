@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedblend.algorithms.pfedhn import PFedHNOptions, generate, hypernet_grads, init_hypernet
+from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.optim import sgd_init, sgd_step
 from tests.helpers import run_client, same_state, tiny_sim, train_message, without_timings
 
@@ -55,9 +56,9 @@ def test_pfedhn_pc_keeps_the_head_on_the_client(tiny_fed):
 
 
 def test_pfedhn_eval_trained_scores_the_last_trained_model(tiny_fed):
-    """eval = "trained": the client's model after its last local training is scored; training is unchanged."""
+    """``[eval] model = "trained"``: the client's model after its last local training is scored; training is unchanged."""
     rec = tiny_sim(tiny_fed, "pfedhn", rounds=2, seed=3)
-    tr = tiny_sim(tiny_fed, "pfedhn", {"eval": "trained"}, rounds=2, seed=3)
+    tr = tiny_sim(tiny_fed, "pfedhn", rounds=2, seed=3, protocol=EvalProtocol(model="trained"))
     assert tr.method.traits.keeps_model and not tr.method.traits.evaluates_received_model
     ha, hb = without_timings(rec.run()), without_timings(tr.run())
     assert [m["train_loss"] for m in ha] == [m["train_loss"] for m in hb]

@@ -54,13 +54,14 @@ def test_pfedla_hypernetwork_gradient_is_the_chain_rule_and_descends():
 
 
 def test_pfedla_eval_scores_the_stored_trained_model_or_the_aggregate(tiny_fed):
-    """``eval = "trained"`` (default, FL-bench): the evaluation message is the client's stored theta_i (its last
+    """``[eval] model = "trained"`` (default, FL-bench): the evaluation message is the client's stored theta_i (its last
     upload); ``"received"``: the aggregate theta-bar_i the training message carries. Training is the same."""
+    from fedblend.core.evaluation import EvalProtocol
     from tests.helpers import eval_message, same_state, tiny_sim, train_message
 
     sims = {}
     for ev in ("trained", "received"):
-        sim = tiny_sim(tiny_fed, "pfedla", rounds=3, seed=0, options={"eval": ev})
+        sim = tiny_sim(tiny_fed, "pfedla", rounds=3, seed=0, protocol=EvalProtocol(model=ev))
         sim.run_round()
         sim.run_round()
         sims[ev] = sim

@@ -186,36 +186,38 @@ class ALA(ClientTransform):
         return hat, {**cstate, self.key: st}
 
     def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
-        """``eval = "ala"``: the model this client would start its next round from (Alg. 1 returns these
-        theta_hat; PFLlib evaluates them), from the evaluation message (what the client would receive now), with W
-        learned as in training but not kept. ``eval_stream = "train"`` (default) draws the weight-learning sample
-        from the client's training stream of the next round, so the evaluated theta_hat *is* the one the client
-        trains from if it joins that round, and the learning is done once (memoised, see :meth:`_run`);
-        ``"eval"`` draws it from the evaluation stream of this round (how earlier results were evaluated).
-        ``"stored"``: Eq. 4 with the stored W.
-        ``"trained"``: the client's model after its last local training."""
-        if self.opts.eval == "trained":
+        """The model ``[eval] model`` names (:meth:`eval_models`); ``params`` is what ``client_init`` made of the
+        evaluation message (the model the client would receive now), handed over by the template. ``"ala"``: the
+        model this client would start its next round from (Alg. 1 returns these theta_hat; PFLlib evaluates
+        them), with W learned as in training but not kept. ``eval_stream = "train"`` (default) draws the
+        weight-learning sample from the client's training stream of the next round, so the evaluated theta_hat
+        *is* the one the client trains from if it joins that round, and the learning is done once (memoised,
+        see :meth:`_run`); ``"eval"`` draws it from the evaluation stream of this round (how earlier results
+        were evaluated). ``"stored"``: Eq. 4 with the stored W. ``"trained"``: the client's model after its
+        last local training."""
+        choice = method.traits.eval_choice
+        if choice == "trained":
             return cstate["params"]
-        glob = method.client_init(msg, cstate, ctx)
         st = cstate.get(self.key) or self.init_state()
-        if self.opts.eval == "stored":
-            return blend(cstate["params"], glob, st["weights"] or {})
+        if choice == "stored":
+            return blend(cstate["params"], params, st["weights"] or {})
         if self.opts.eval_stream == "train":  # exactly the blend the client would train from in round rnd + 1
             ctx = replace(ctx, rnd=ctx.rnd + 1, tree=ctx.tree_for("train", ctx.rnd + 1))
-            return self._run(glob, cstate["params"], st, ctx, memoise=True)[0]
-        return self._run(glob, cstate["params"], st, ctx)[0]
+            return self._run(params, cstate["params"], st, ctx, memoise=True)[0]
+        return self._run(params, cstate["params"], st, ctx)[0]
 
-    def eval_description(self, method: Method, current: str) -> str:
+    def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
+        """ALA's ``[eval] model`` choices, in place of the host's: "ala" (default), "stored", "trained"."""
         received = ("the aggregated global model" if method.has_global else
                     "the personalized model the server would send the client now")
-        if self.opts.eval == "ala":
-            where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
-                     "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")
-            return ("the ALA-initialised model theta_hat (FedALA Eq. 4, W learned one more epoch, or the initial "
+        where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
+                 "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")
+        return {
+            "ala": ("the ALA-initialised model theta_hat (FedALA Eq. 4, W learned one more epoch, or the initial "
                     f"stage, on {where}; not kept) from {received} and the client's model "
-                    "after its last local training, i.e. its start of the next round, before local training")
-        if self.opts.eval == "stored":
-            return (f"Eq. 4 of FedALA with the client's stored ALA weights, from {received} and the "
-                    "client's model after its last local training (no weight learning at evaluation)")
-        return ("each client's model after its last local training, which started from the ALA-initialised "
-                "model")
+                    "after its last local training, i.e. its start of the next round, before local training"),
+            "stored": (f"Eq. 4 of FedALA with the client's stored ALA weights, from {received} and the "
+                       "client's model after its last local training (no weight learning at evaluation)"),
+            "trained": ("each client's model after its last local training, which started from the "
+                        "ALA-initialised model"),
+        }

@@ -27,10 +27,10 @@ step runs inside the spec). ``v_i`` starts at the initial model (as ``w``).
 
 Evaluation: the mixture ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the aggregated global model the client
 receives (paper Sec. 3: the personalized model of client ``i`` combines its local model with the global one);
-the global model is reported beside it. ``eval_global = "trained"`` mixes the client's own copy of ``w`` after its
-last local training instead (PFLlib's ``model_per``; the received model before a client's first training). With
-``+ala``, ALA initialises the global copy ``w`` from the received model and the client's last ``w``, as for
-FedAvg.
+the global model is reported beside it (``[eval] model = "received"``). ``"trained"`` mixes the client's own copy
+of ``w`` after its last local training instead (PFLlib's ``model_per``; the received model before a client's
+first training). With ``+ala``, ALA initialises the global copy ``w`` from the received model and the client's
+last ``w``, as for FedAvg, and ``[eval] model`` is ALA's.
 """
 
 from __future__ import annotations
@@ -56,13 +56,9 @@ ALPHA = "apfl_alpha"
 @dataclass(frozen=True)
 class APFLOptions:
     RANGES: ClassVar[dict] = {"alpha": "[0, 1]"}
-    CHOICES: ClassVar[dict] = {"eval_global": ("received", "trained")}
     alpha: float = opt(0.5, "initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)")
     adaptive: bool = opt(True, "learn alpha_i by Eq. 10 (False: alpha stays at its initial value)")
     clip: bool = opt(True, "project alpha_i to [0, 1] after each round's local training (authors' code: per step)")
-    eval_global: str = opt("received", 'the w of the evaluated mixture: "received": the global model the client '
-                                       'receives (Eq. 3, paper); "trained": the client\'s own copy after its last '
-                                       "local training (PFLlib's model_per)")
 
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
@@ -107,23 +103,28 @@ class APFL(Method):
         v = {n: t.clone() for n, t in unflatten(res.params[LOCAL], params).items()}  # own storage, not views
         w = {n: res.params[n] for n in names}
         kept = {"v": v, "alpha": alpha}
-        if self.opts.eval_global == "trained":  # PFLlib's model_per mixes the client's own trained copy
+        if self.traits.eval_choice == "trained":  # PFLlib's model_per mixes the client's own trained copy
             kept["w"] = {n: t.clone() for n, t in w.items()}
         cstate = {**cstate, "apfl": kept}
         return TrainResult(w, res.momentum, res.mean_loss, res.steps, res.samples), cstate
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Eq. 3: ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the received global model, or, with a transform
-        (``+ala``), the global copy as the transform would initialise it; with ``eval_global = "trained"``, ``w`` is
-        the client's own copy after its last local training (PFLlib), the received one before its first."""
+        (``+ala``), the global copy as the transform would initialise it; with ``[eval] model = "trained"``,
+        ``w`` is the client's own copy after its last local training (PFLlib), the received one before its
+        first."""
         st = cstate["apfl"]
         if "w" in st:
             return mix(st["v"], st["w"], st["alpha"])
         return mix(st["v"], super().eval_params(msg, cstate, ctx), st["alpha"])
 
+    def eval_models(self) -> dict[str, str]:
+        """``"received"`` (paper): ``w`` of the mixture is the received global model; ``"trained"``: the client's
+        own copy after its last local training (PFLlib's ``model_per``)."""
+        return {"received": self.eval_model,
+                "trained": "its own copy after its last local training (PFLlib's model_per)"}
+
     def resolve_traits(self, **declared):
         t = super().resolve_traits(**declared)
-        w = (t.eval_model if self.opts.eval_global == "received" else
-             "its own copy after its last local training (eval_global = 'trained', PFLlib's model_per)")
         return replace(t, eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its "
-                                     "local model v_i and w = " + w)
+                                     "local model v_i and w = " + t.eval_model)

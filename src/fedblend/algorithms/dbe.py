@@ -13,8 +13,9 @@ DBE splits a client's representation into a global part and a personalized part:
 
 Everything else is FedAvg: the whole model (body and head, without the bias) travels both ways and the server
 averages it by data size; the reported global model is that average, the personalized model is the received
-global model with the client's own ``zbar_i^p`` (evaluated by folding ``W zbar_i^p`` into the head's first
-bias, which is exact because the head's first layer is linear).
+global model with the client's own ``zbar_i^p`` (``[eval] model = "received"``; ``"trained"``: the client's model
+after its last local training with its bias), evaluated through PRBM's forward ``h(f(x) + zbar_i^p)``, the one
+local training uses (an :class:`~fedblend.core.evaluation.EvalSpec`; PFLlib: ``head(base(x) + client_mean)``).
 
 Choices where paper and code are silent or differ (``docs/methods/dbe.md``):
 
@@ -46,6 +47,7 @@ from fedblend.algorithms.parts.features import feature_mean
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
+from fedblend.core.evaluation import EvalSpec
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
 from fedblend.core.training import Batch, Forward, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
@@ -58,8 +60,7 @@ PRBM = "dbe.prbm"  # the bias vector's name inside a training spec's parameters 
 class DBEOptions:
     """Defaults: the paper; ``kappa`` from the authors' FMNIST script (``-klw 50``)."""
 
-    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every"), "init_pass": ("round1", "before"),
-                               "eval": ("received", "trained")}
+    CHOICES: ClassVar[dict] = {"global_mean": ("first", "every"), "init_pass": ("round1", "before")}
     RANGES: ClassVar[dict] = {"kappa": ">= 0"}
 
     kappa: float = opt(50.0, "weight of the mean regularisation (MR)")
@@ -68,9 +69,6 @@ class DBEOptions:
     init_pass: str = opt("round1", '"round1": round 1 is the initialisation period (plain FedAvg training gives '
                          'zbar^g); "before": round 1 opens with a discarded plain training pass of its clients '
                          'that only yields zbar^g (the authors\' code / PFLlib), so every round trains with DBE')
-    eval: str = opt("received", '"received": the received global model with the client\'s bias, before local '
-                    'training (paper, authors\' code, PFLlib); "trained": the client\'s model after its last local '
-                    'training with its bias (its current local model, as FedAPA\'s evaluation loop scores clients)')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -92,13 +90,10 @@ def shifted_forward(model: FedModel, params: Params, x: torch.Tensor, with_featu
     return functional_call(model, model_params, (feats + params[key],), {"part": "head"}), feats
 
 
-def fold_bias(model: FedModel, params: Params, bias: torch.Tensor) -> Params:
-    """``h(z + b)`` as a plain model: the head's first layer is linear, so ``W (z + b) + c = W z + (W b + c)``."""
-    first = model.head_layers[0]
-    w, c = params[f"{first}.weight"], params[f"{first}.bias"]
-    if w.dim() != 2:
-        raise ValueError(f"DBE needs a linear first head layer to fold its bias into; {first} is not")
-    return {**params, f"{first}.bias": c + w @ bias.to(w.dtype)}
+def prbm_forward() -> Forward:
+    """PRBM's forward, ``h(f(x) + zbar_i^p)`` with the bias the entry :data:`PRBM` of the parameters: what local
+    training runs and what the personalized model is evaluated with."""
+    return Forward(shifted_forward, {"key": PRBM}, name="dbe_prbm")
 
 
 # ------------------------------------------------------------------------------------------------ the method
@@ -111,21 +106,25 @@ class DBE(Method):
              "NeurIPS 2023")
     eval_model = ("the received global model with the client's own representation bias zbar_i^p (PRBM) added to "
                   "its features")
-    evaluates_received_model = True  # the received global model (the bias is added in eval_params, after any transform)
+    evaluates_received_model = True  # the received global model (the bias is added in evaluate, after any transform)
     client_keeps_model = False
 
+    def eval_models(self) -> dict[str, str]:
+        return {"received": self.eval_model,
+                "trained": "the client's model after its last local training with its representation bias zbar_i^p "
+                           "(PRBM) added to its features (its current local model, as FedAPA's evaluation loop "
+                           "scores clients)"}
+
     def resolve_traits(self, **declared):
-        """``eval = "trained"``: the client keeps its trained model and that model (with its bias) is evaluated."""
-        if self.opts.eval != "trained":
+        """``[eval] model = "trained"``: the client keeps its trained model and that model (with its bias) is
+        evaluated."""
+        if self.chosen_eval != "trained":
             return super().resolve_traits(**declared)
-        return super().resolve_traits(**{"keeps_model": True, "evaluates_received_model": False,
-                                         "eval_model": "the client's model after its last local training with its "
-                                                       "representation bias zbar_i^p (PRBM) added to its features",
-                                         **declared})
+        return super().resolve_traits(**{"keeps_model": True, "evaluates_received_model": False, **declared})
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """``eval = "trained"``: the last trained model (the received one until the client first trains)."""
-        if self.opts.eval == "trained" and cstate.get("trained"):
+        """``"trained"``: the last trained model (the received one until the client first trains)."""
+        if self.traits.eval_choice == "trained" and cstate.get("trained"):
             return cstate["params"]
         return self.client_init(msg, cstate, ctx)
 
@@ -199,18 +198,18 @@ class DBE(Method):
         spec = self.train_spec(params, msg, cstate, ctx)
         if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
-            spec.forward = Forward(shifted_forward, {"key": PRBM}, name="dbe_prbm")
+            spec.forward = prbm_forward()
         res = yield spec
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
         cstate = self.record_training(res, cstate, ctx)
-        if self.opts.eval == "trained":
+        if self.traits.eval_choice == "trained":
             cstate = {**cstate, "trained": True}
         trained = {k: v for k, v in res.params.items() if k != PRBM}
         return TrainResult(trained, res.momentum, res.mean_loss, res.steps, res.samples), cstate
 
-    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        return self._personal(params, cstate, ctx, self._active(msg))
+    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params | EvalSpec:
+        return self._personal(params, cstate, self._active(msg))
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """FedAvg's reply and ``zbar_i^g``, the client's mean feature under the trained model."""
@@ -222,12 +221,13 @@ class DBE(Method):
         gmean = msg.params("dbe").get("global_mean")
         return (mr_term(gmean, self.opts.kappa),) if gmean is not None and self.opts.kappa else ()
 
-    def _personal(self, params: Params, cstate: State, ctx: ClientCtx, active: bool = True) -> Params:
+    def _personal(self, params: Params, cstate: State, active: bool = True) -> EvalSpec:
+        """``params`` with the client's bias ``zbar_i^p``, through PRBM's forward (no bias yet: the model's own)."""
         if not (active and self.opts.prbm and "prbm" in cstate):
-            return params
-        return fold_bias(ctx.model, params, cstate["prbm"])
+            return EvalSpec(params)
+        return EvalSpec({**params, PRBM: cstate["prbm"]}, prbm_forward())
 
-    def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received global model (after transforms, e.g. ALA's blend) with the client's bias ``zbar_i^p``
-        (PFLlib's ``head(base(x) + client_mean)``)."""
-        return self._personal(super().eval_params(msg, cstate, ctx), cstate, ctx)
+    def evaluate(self, msg: Message, cstate: State, ctx: ClientCtx) -> EvalSpec:
+        """The model ``[eval] model`` names (after transforms, e.g. ALA's blend) with the client's bias
+        ``zbar_i^p`` (PFLlib's ``head(base(x) + client_mean)``)."""
+        return self._personal(self.eval_params(msg, cstate, ctx), cstate)

@@ -91,6 +91,11 @@ class Ditto(Method):
         """``v_k``, also with a transform: ALA initialises the global update, not the personalized model."""
         return self.personalized_params(msg, cstate, ctx)
 
+    def eval_choices(self) -> dict[str, str]:
+        """``v_k`` is evaluated also with a transform on (the transform changes the global update only), so a
+        transform's ``[eval] model`` choices do not apply."""
+        return self.eval_models()
+
     def resolve_traits(self, **declared):
         """``v_k`` is evaluated also with a transform on (the transform changes the global update only)."""
         return replace(super().resolve_traits(**declared), eval_model=self.eval_model)

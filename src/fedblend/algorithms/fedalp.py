@@ -96,10 +96,12 @@ class FedALP(Method):
     #: "fedalp+ala") blends W_new with the client's previous model
     client_keeps_model = False
 
+    def eval_models(self) -> dict[str, str]:
+        return {"received": self.eval_model}  # what its group server broadcasts, i.e. what it would receive
+
     def resolve_traits(self, **declared):
         if self.opts.local_model == "group":
-            declared = {"eval_model": "the client's group model w_m (the global model before clustering)",
-                        **declared}
+            declared = {"eval_model": "the client's group model w_m (the global model before clustering)", **declared}
         return super().resolve_traits(**declared)
 
     # ------------------------------------------------------------------------------------ helpers

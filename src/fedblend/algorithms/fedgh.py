@@ -19,8 +19,8 @@ whose buffer lives in the server state as data, like the header itself).
 
 Only prototypes go up and only the header comes down. The reported personalized model is what the paper's
 client predicts with: its own feature extractor after its last local training with the current global header
-(``eval = "header"``, default; PFLlib evaluates right after sending the header to every client);
-``eval = "local"`` keeps the header the client trained itself.
+(``[eval] model = "header"``, default; PFLlib evaluates right after sending the header to every client);
+``"local"`` keeps the header the client trained itself.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ HEADER = "header"  # message record: the global header's parameters
 class FedGHOptions:
     """FedGH options (server-side header training; the paper's objective, PFLlib's batching)."""
 
-    CHOICES: ClassVar[dict] = {"eval": ("header", "local")}
     RANGES: ClassVar[dict] = {"server_lr": "> 0", "server_epochs": "[1, 10000]", "server_batch_size": "[1, 1000000]",
                               "server_momentum": "[0, 1)"}
 
@@ -56,7 +55,6 @@ class FedGHOptions:
     server_epochs: int = opt(1, "passes over the round's uploaded (LAR, label) pairs")
     server_batch_size: int | None = opt(None, "None: the clients' batch size (PFLlib)")
     server_momentum: float = opt(0.0, "SGD momentum of the header (buffer kept in the server state)")
-    eval: str = opt("header", '"header": own body + global header (paper); "local": own body + own trained header')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -100,7 +98,11 @@ class FedGH(PrototypeUpload):
     options_cls = FedGHOptions
     paper = "Yi et al., FedGH: Heterogeneous Federated Learning with Generalized Global Header, ACM MM 2023"
     eval_model = ("each client's own feature extractor after its last local training with the current global "
-                  "header (eval = 'header'; 'local': its own trained header)")
+                  "header")
+
+    def eval_models(self) -> dict[str, str]:
+        return {"header": self.eval_model,
+                "local": "each client's own model after its last local training (its own trained header)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -138,6 +140,6 @@ class FedGH(PrototypeUpload):
         return {**cstate["params"], **msg.params(HEADER)}
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        if self.opts.eval == "local":
+        if self.traits.eval_choice == "local":
             return cstate["params"]
         return {**cstate["params"], **msg.params(HEADER)}

@@ -19,9 +19,10 @@ personalization. In each round the client:
    ``schedule = "round"``: PFLlib's ``mu_t = mu * t / T`` (``t`` the 0-based round).
 
 The HPM starts as the common initial model (the authors' code), so a client's first round distils from it. The
-personalized model evaluated is the HPM (the authors' code tests it); a client never contacted evaluates the
-global model. With ``lam = 0`` and ``mu = 0`` the global trajectory is FedAvg's exactly and the HPM is the
-client's last trained model. Not reproduced from the authors' code: its gradient-norm clipping.
+personalized model evaluated is the HPM (``[eval] model = "hpm"``: the authors' code tests it; ``"trained"``: the
+client's last trained model, what PFLlib evaluates); a client never contacted evaluates the global model. With
+``lam = 0`` and ``mu = 0`` the global trajectory is FedAvg's exactly and the HPM is the client's last trained
+model. Not reproduced from the authors' code: its gradient-norm clipping.
 
 Defaults ``mu = 0.9`` (the code's constant; FedALA's tuned value) and ``lam = 0.01`` (FedALA appendix).
 """
@@ -48,8 +49,7 @@ from fedblend.core.training import LossTerm
 class FedPHPOptions:
     """FedPHP options; defaults follow the authors' code and FedALA's tuned values (appendix)."""
 
-    CHOICES: ClassVar[dict] = {"transfer": ("kd", "mmd", "mmd-pfllib"), "schedule": ("participation", "round"),
-                               "eval": ("hpm", "trained")}
+    CHOICES: ClassVar[dict] = {"transfer": ("kd", "mmd", "mmd-pfllib"), "schedule": ("participation", "round")}
     RANGES: ClassVar[dict] = {"mu": "[0, 1]", "lam": "[0, 1]", "temperature": "> 0", "expected_join": "(0, 1]"}
 
     mu: float = opt(0.9, "largest momentum of the HPM moving average")
@@ -59,8 +59,6 @@ class FedPHPOptions:
     schedule: str = opt("participation", 'momentum grows with participations (code) or with the round ("round", '
                                          "PFLlib)")
     expected_join: float = opt(1.0, "rho: expected share of rounds a client joins (T1's uniform [0.6, 1]: 0.8)")
-    eval: str = opt("hpm", 'evaluated model: the inherited private model ("hpm", the authors\' code) or the client\'s '
-                           'last trained model ("trained", what PFLlib evaluates)')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -139,11 +137,17 @@ class FedPHP(FedAvg):
         cstate = {**cstate, "hpm": moving_average(cstate["hpm"], res.params, mu_i), "joins": cstate["joins"] + 1}
         return res, cstate
 
+    def eval_models(self) -> dict[str, str]:
+        return {"hpm": self.eval_model,
+                "trained": "each client's model after its last local training (what PFLlib evaluates; the global "
+                           "model for a client never contacted)"}
+
     def resolve_traits(self, **declared):
-        """``eval = "trained"`` keeps the client's last trained model to evaluate it."""
-        return super().resolve_traits(keeps_model=self.client_keeps_model or self.opts.eval == "trained", **declared)
+        """``[eval] model = "trained"`` keeps the client's last trained model to evaluate it."""
+        return super().resolve_traits(keeps_model=self.client_keeps_model or self.chosen_eval == "trained",
+                                      **declared)
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         if not cstate["joins"]:
             return self.client_init(msg, cstate, ctx)
-        return cstate["params"] if self.opts.eval == "trained" else cstate["hpm"]
+        return cstate["params"] if self.traits.eval_choice == "trained" else cstate["hpm"]

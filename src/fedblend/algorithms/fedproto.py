@@ -16,12 +16,13 @@ class -- instead of model parameters; every client keeps its whole model.
   regulariser pulling each sample's representation to the global prototype of its label (only for classes that
   have one). ``L_R`` is an L2 distance; the authors' code uses ``nn.MSELoss`` (mean over batch and feature
   dimension, ``distance = "mse"``, default); ``distance = "sq_l2"`` takes the squared norm per sample.
-* Inference (``eval = "proto"``, default; PFLlib's ``test_metrics``): predict the class of the nearest global
-  prototype, ``argmin_j ||f_i(x) - C^(j)||^2``. ``eval = "head"``: the client's own model (body + its head).
-  Nearest-prototype prediction is evaluated exactly through a linear head: ``-||f - C^(j)||^2`` equals
-  ``2 <C^(j), f> - ||C^(j)||^2`` up to the term ``-||f||^2`` that is the same for every class, so a head with
-  weight ``2 C`` and bias ``-||C||^2`` has the same argmax and the same softmax (the loss reported is then the
-  cross-entropy of the logits ``-||f - C^(j)||^2``, FedProto's distance-based classifier).
+* Inference (``[eval] model = "proto"``, default; PFLlib's ``test_metrics``): predict the class of the nearest
+  global prototype, ``argmin_j ||f_i(x) - C^(j)||^2``, an :class:`~fedblend.core.evaluation.EvalSpec` whose
+  forward (:func:`prototype_logits`) scores the body's features against the prototypes. ``"head"``: the
+  client's own model (body + its head). The forward's logits are ``2 <C^(j), f> - ||C^(j)||^2``, which is
+  ``-||f - C^(j)||^2`` up to the term ``-||f||^2`` that is the same for every class: the same argmax and the same
+  softmax (the loss reported is the cross-entropy of the logits ``-||f - C^(j)||^2``, FedProto's distance-based
+  classifier); classes without a prototype are never predicted.
 
 Only prototypes travel: up, one ``d``-vector per class the client holds (``arrays["protos"]``, class counts as
 a list of numbers); down, one per class with a global prototype. No parameter is ever sent, so the method has no global
@@ -37,13 +38,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
+from torch.func import functional_call
 
 from fedblend.algorithms.parts.prototypes import PROTOS, PrototypeUpload, num_classes, uploaded_counts
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
+from fedblend.core.evaluation import EvalSpec
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
-from fedblend.core.training import LossTerm
+from fedblend.core.training import Forward, LossTerm
 from fedblend.models.zoo import FedModel
 
 
@@ -52,13 +56,12 @@ class FedProtoOptions:
     """FedProto options; defaults follow the paper (Eq. 5-7) and, where it is silent, the authors' code."""
 
     CHOICES: ClassVar[dict] = {"weighting": ("samples", "uniform"), "distance": ("mse", "sq_l2"),
-                               "eval": ("proto", "head"), "absent": ("drop", "keep")}
+                               "absent": ("drop", "keep")}
     RANGES: ClassVar[dict] = {"lam": ">= 0"}
 
     lam: float = opt(1.0, "lambda of Eq. 5 (authors' code default 1)")
     weighting: str = opt("samples", "Eq. 6: weights |D_ij| / N_j (\"samples\") or the code's plain mean (\"uniform\")")
     distance: str = opt("mse", "L_R: \"mse\" (authors' code nn.MSELoss) or \"sq_l2\" (squared L2 per sample)")
-    eval: str = opt("proto", "\"proto\": nearest global prototype (PFLlib); \"head\": the client's own head")
     absent: str = opt("keep", 'a class no client uploaded this round: "keep" its last global prototype, or "drop" it '
                       "(authors' code, PFLlib: the clients holding it are then left without a prototype of their "
                       "own classes, scored 0 % that round)")
@@ -107,16 +110,21 @@ def prototype_term(protos: Mapping[str, torch.Tensor], classes: int, lam: float,
                     needs_features=True, name="prototype")
 
 
-def prototype_head(model: FedModel, protos: Mapping[str, torch.Tensor], classes: int) -> Params:
-    """A linear head that predicts the nearest prototype: weight ``2 C``, bias ``-||C||^2`` (see module docstring);
-    classes without a prototype get a bias of -1e30 (never predicted)."""
-    names = model.head_names()
-    if len(names) != 2 or not names[0].endswith("weight") or not names[1].endswith("bias"):
-        raise ValueError(f"nearest-prototype evaluation needs a single linear head layer; this model's head has "
-                         f"{names} (use eval = 'head')")
+def prototype_logits(model: FedModel, params: Params, x: torch.Tensor, with_features: bool, weight: torch.Tensor,
+                     bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest-prototype classification as a :class:`~fedblend.core.training.Forward`: the body's features ``f``
+    scored ``2 <C^(j), f> - ||C^(j)||^2`` per class (``weight = 2 C``, ``bias = -||C||^2``,
+    :func:`prototype_scores`), i.e. ``-||f - C^(j)||^2`` up to a term the same for every class."""
+    feats = functional_call(model, dict(params), (x,), {"part": "features"})
+    return F.linear(feats, weight, bias), feats
+
+
+def prototype_scores(protos: Mapping[str, torch.Tensor], classes: int) -> dict[str, torch.Tensor]:
+    """The arguments of :func:`prototype_logits`: ``weight = 2 C``, ``bias = -||C||^2``; a class without a
+    prototype gets a bias of -1e30 (never predicted)."""
     mat, mask = dense_prototypes(protos, classes)
     bias = torch.where(mask > 0, -(mat**2).sum(1), torch.full_like(mask, -1e30))
-    return {names[0]: 2.0 * mat, names[1]: bias}
+    return {"weight": 2.0 * mat, "bias": bias}
 
 
 # ------------------------------------------------------------------------------------------------ the method
@@ -127,7 +135,11 @@ class FedProto(PrototypeUpload):
     options_cls = FedProtoOptions
     paper = "Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022"
     eval_model = ("each client's own body after its last local training, classifying by the nearest global "
-                  "prototype (eval = 'proto'; 'head': its own head)")
+                  "prototype")
+
+    def eval_models(self) -> dict[str, str]:
+        return {"proto": self.eval_model, "head": "each client's own model after its last local training (body "
+                                                  "and its own head)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -149,8 +161,11 @@ class FedProto(PrototypeUpload):
             return ()
         return (prototype_term(glob, num_classes(ctx.run), self.opts.lam, self.opts.distance),)
 
-    def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+    def evaluate(self, msg: Message, cstate: State, ctx: ClientCtx) -> EvalSpec:
+        """``"proto"``: the client's model classifying by the nearest global prototype (its own head until the
+        server has prototypes); ``"head"``: the client's own model."""
         glob = msg.params(PROTOS)
-        if self.opts.eval == "head" or not glob:
-            return cstate["params"]
-        return {**cstate["params"], **prototype_head(ctx.model, glob, num_classes(ctx.run))}
+        if self.traits.eval_choice == "head" or not glob:
+            return super().evaluate(msg, cstate, ctx)
+        scores = prototype_scores(glob, num_classes(ctx.run))
+        return EvalSpec(cstate["params"], Forward(prototype_logits, scores, name="nearest_prototype"))

@@ -139,5 +139,8 @@ class PartialFed(FedAvg):
         """Learn the strategy (Sec. 3.3) before the template's partial initialisation, local SGD, upload."""
         return self.learn_strategy(msg, cstate, ctx)
 
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": self.eval_model}
+
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["params"]

@@ -103,6 +103,9 @@ class PerFedAvg(OwnLoopMethod):
             total += loss
         return w, cstate, total / tau
 
+    def eval_models(self) -> dict[str, str]:
+        return {"adapted": self.eval_model}
+
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The evaluation's one-step adaptation (Sec. 5): one gradient step at ``alpha`` from what the client would
         start from (the received global model) on one training batch from the ``adapt`` stream."""

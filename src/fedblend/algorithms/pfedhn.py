@@ -22,9 +22,9 @@ hypernetwork and applies the mean of the clients' gradients once.
 pFedHN-PC (``personal_head = true``, Sec. 3.2): the hypernetwork generates the feature extractor only; each
 client keeps and trains its own classifier (the head), which never travels.
 
-There is no global model. The personalized model evaluated (``eval``) is by default the one the hypernetwork
-generates for the client now (+ its own head for pFedHN-PC), as the authors' code and FL-bench evaluate it;
-``eval = "trained"`` scores the client's model after its last local training instead (what the FedAPA authors'
+There is no global model. The personalized model evaluated (``[eval] model``) is by default (``"received"``) the
+one the hypernetwork generates for the client now (+ its own head for pFedHN-PC), as the authors' code and
+FL-bench evaluate it; ``"trained"`` scores the client's model after its last local training instead (what the FedAPA authors'
 framework scores for every method: each client's current local model).
 """
 
@@ -51,7 +51,6 @@ from fedblend.core.training import TrainSpec
 class PFedHNOptions:
     """Defaults: the authors' code (embedding dim ``1 + N/4``, 3 hidden layers of 100, SGD 1e-2)."""
 
-    CHOICES: ClassVar[dict] = {"eval": ("received", "trained")}
     RANGES: ClassVar[dict] = {"embed_dim": "[0, 4096]", "hidden": "[1, 1024]", "n_hidden": "[0, 64]", "hn_lr": "> 0",
                               "embed_lr": ">= 0", "hn_momentum": "[0, 1)", "hn_weight_decay": ">= 0",
                               "grad_clip": ">= 0", "inner_steps": "[0, 1000000]"}
@@ -69,9 +68,6 @@ class PFedHNOptions:
     inner_steps: int = opt(0, "0: the run's [train] epochs; K > 0: K SGD steps (paper: 50)")
     personal_head: bool = opt(False, "pFedHN-PC")
     sequential: bool = opt(True, "one client after another (Alg. 1); False: one mean step per round")
-    eval: str = opt("received", 'evaluated model: "received" = what the hypernetwork generates now (authors\' code, '
-                                'FL-bench); "trained" = the client\'s model after its last local training (the '
-                                "FedAPA framework's scoring)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -113,13 +109,19 @@ class PFedHN(Method):
     has_global = False
     client_keeps_model = False
 
+    def eval_models(self) -> dict[str, str]:
+        """``"received"``: what the hypernetwork generates now (authors' code, FL-bench); ``"trained"``: the
+        client's model after its last local training (the FedAPA framework's scoring)."""
+        return {"received": self.eval_model,
+                "trained": "each client's model after its last local training (the initial model for a client "
+                           "never selected)"}
+
     def resolve_traits(self, **declared):
         """pFedHN-PC keeps the client's own head; ``sequential`` runs the clients of a round one after another."""
-        if self.opts.eval == "trained":
-            declared = {"eval_model": "each client's model after its last local training (the initial model for a "
-                                      "client never selected)", "evaluates_received_model": False,
-                        "evaluates_own_model": True, **declared}
-        keep = self.opts.personal_head or self.opts.eval == "trained" or self.client_keeps_model
+        trained = self.chosen_eval == "trained"
+        if trained:
+            declared = {"evaluates_received_model": False, "evaluates_own_model": True, **declared}
+        keep = self.opts.personal_head or trained or self.client_keeps_model
         return super().resolve_traits(keeps_model=keep, sequential_server=self.opts.sequential, **declared)
 
     def shared_names(self, run: RunInfo) -> list[str]:

@@ -22,7 +22,8 @@ Layers are the model's layers (weight and bias of a layer share a weight, ``gran
 (SGD, lr 5e-3, no momentum, embedding and hidden dim 100, heads initialised uniform [0, 1) with zero bias) follow
 FL-bench, which the paper's public code became. Not implemented: HeurpFedLA (the top-k heuristic).
 
-There is no global model. The personalized model evaluated (``eval``) is by default ``theta_i``, the client's model
+There is no global model. The personalized model evaluated (``[eval] model``) is by default (``"trained"``)
+``theta_i``, the client's model
 after its last local training as the server stores it (FL-bench's evaluation, and what fedblend's other methods
 that keep a model per client score); ``"received"``: ``theta-bar_i`` built now (what the client would receive; the
 unofficial KarhouTam/pFedLA). At the default ``hn_lr`` the weights stay within a few thousandths of their near
@@ -53,8 +54,7 @@ from fedblend.core.optim import sgd_init, sgd_step
 class PFedLAOptions:
     """Defaults: FL-bench's pFedLA (the paper's sizes and rates where it gives them)."""
 
-    CHOICES: ClassVar[dict] = {"sign": ("descent", "literal"), "granularity": ("layer", "tensor"),
-                               "eval": ("trained", "received")}
+    CHOICES: ClassVar[dict] = {"sign": ("descent", "literal"), "granularity": ("layer", "tensor")}
     RANGES: ClassVar[dict] = {"embed_dim": "[1, 4096]", "hidden": "[1, 4096]", "hn_lr": "> 0", "hn_momentum": "[0, 1)"}
 
     embed_dim: int = opt(100, "size of each client's embedding (FL-bench: 100)")
@@ -66,8 +66,6 @@ class PFedLAOptions:
     granularity: str = opt("layer", '"layer": weight and bias of a layer share a weight (paper); "tensor": every '
                                     "parameter tensor its own (FL-bench)")
     sequential: bool = opt(False, "True: one client after another (FL-bench): later clients see earlier uploads")
-    eval: str = opt("trained", 'evaluated model: "trained" = the stored theta_i, the client\'s model after its last '
-                               'local training (FL-bench); "received" = theta-bar_i its hypernetwork builds now')
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -127,15 +125,19 @@ class PFedLA(Method):
     has_global = False
     client_keeps_model = False
 
+    def eval_models(self) -> dict[str, str]:
+        """``"trained"``: the stored ``theta_i`` (FL-bench); ``"received"``: ``theta-bar_i`` built now."""
+        return {"trained": "each client's stored model theta_i: its upload after its last local training (the "
+                           "initial model for a client never selected)",
+                "received": self.eval_model}
+
     def resolve_traits(self, **declared):
-        if self.opts.eval == "trained":
-            declared = {"eval_model": "each client's stored model theta_i: its upload after its last local training "
-                                      "(the initial model for a client never selected)", **declared}
         return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
 
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """``eval = "trained"``: the client's stored ``theta_i``; ``"received"``: ``theta-bar_i`` built now."""
-        if self.opts.eval == "received":
+        """``[eval] model = "trained"``: the client's stored ``theta_i``; ``"received"``: ``theta-bar_i`` built
+        now."""
+        if self.traits.eval_choice == "received":
             return super().configure_evaluate(server, cid, sctx)
         return Message({"params": {n: t[cid].clone() for n, t in server["thetas"].items()}})
 

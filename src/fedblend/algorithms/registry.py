@@ -73,8 +73,10 @@ def load_all_plugins() -> dict[str, str]:
 
 
 def build_method(spec: str, options: Mapping[str, Any] | None = None,
-                 transform_options: Mapping[str, Mapping[str, Any]] | None = None) -> Method:
-    """``build_method("fedprox+ala", {"mu": 0.01}, {"ala": {"eta": 1.0}})``."""
+                 transform_options: Mapping[str, Mapping[str, Any]] | None = None,
+                 eval_choice: str | None = None) -> Method:
+    """``build_method("fedprox+ala", {"mu": 0.01}, {"ala": {"eta": 1.0}})``; ``eval_choice``: the ``[eval] model``
+    (None: the method's default; a ``ValueError`` for one it does not offer)."""
     base, parts = parse_method(spec)
     cls = METHODS[base]
     transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
@@ -87,7 +89,7 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
         reason = transform_refusal(method, t)
         if reason:
             raise ValueError(f"{spec!r}: {reason}")
-    return method
+    return method.evaluating(eval_choice)
 
 
 def transform_refusal(method: Method, transform: ClientTransform) -> str | None:

@@ -24,7 +24,7 @@ from fedblend.common.codec import to_device
 from fedblend.common.errors import MessageError
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
-from fedblend.core.evaluation import GLOBAL_PREFIX, evaluate_params
+from fedblend.core.evaluation import GLOBAL_PREFIX, EvalSpec, evaluate_params
 from fedblend.core.message import Message
 from fedblend.core.method import (
     ClientCtx,
@@ -111,23 +111,24 @@ class ClientRuntime:
         ctx = self.ctx(job.cid, job.rnd, job.phase)
         return ctx, (job.state if job.state is not None else to_device(self.method.init_client(ctx), ctx.run.device))
 
-    def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[Params, Params | None, tuple]:
-        """The client's personalized model (``method.eval_params``), the global model if the message carries
-        one, and the evaluation data ``(x, y)`` of the split ``msg.config["split"]``."""
+    def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[EvalSpec, Params | None, tuple]:
+        """The client's personalized model (``method.evaluate``: an :class:`EvalSpec`), the global model if the
+        message carries one, and the evaluation data ``(x, y)`` of the split ``msg.config["split"]``."""
         split = msg.config.get("split", "test")
         with torch.enable_grad():  # methods may fine-tune or blend before evaluating
-            params = self.method.eval_params(msg, state, ctx)
-        return params, msg.arrays.get("global"), (getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y"))
+            spec = self.method.evaluate(msg, state, ctx)
+        return spec, msg.arrays.get("global"), (getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y"))
 
     @torch.no_grad()
     def evaluate(self, msg: Message, state: State, ctx: ClientCtx) -> Message:
         """The personalized model and, when the message carries one, the global model, on the client's
         evaluation split: correct, summed loss and count of each."""
         bs = int(msg.config.get("batch_size", 2048))
-        params, glob, (x, y) = self.eval_models(msg, state, ctx)
-        own = evaluate_params(ctx.model, params, x, y, bs)
+        spec, glob, (x, y) = self.eval_models(msg, state, ctx)
+        own = evaluate_params(ctx.model, spec, x, y, bs)
         metrics = own.to_metrics()
         if glob is not None:
-            other = own if same_tensors(params, glob) else evaluate_params(ctx.model, glob, x, y, bs)
+            same = spec.forward is None and same_tensors(spec.params, glob)
+            other = own if same else evaluate_params(ctx.model, glob, x, y, bs)
             metrics.update(other.to_metrics(GLOBAL_PREFIX))
         return Message(metrics=metrics)

@@ -17,8 +17,9 @@ Per round ``t`` (0-based internally, reported 1-based):
    a client with no result (``None`` from a backend that tolerates faults, e.g. Flower's: node down, timeout,
    refused reply) is left out the same way (``dropped_clients``; ``eval_missing`` in evaluation), and a
    backend's ``report()`` is merged into the round's metrics;
-3. every ``eval.every`` rounds (and at the last), every client evaluates its personalized model (and the global
-   model, if the method has one) from an evaluation message, through the backend as well (with
+3. every ``eval.every`` rounds (and at the last), every client evaluates its personalized model (the one
+   ``eval.model`` names, ``Method.eval_choices``; and the global model, if the method has one) from an
+   evaluation message, through the backend as well (with
    ``eval.select = "val"`` also on its validation split, as ``val_*`` metrics);
 4. record metrics (accuracy, loss, bytes down/up per client, seconds; the clients' stats as their mean over the
    selected clients, and their losses (``train_loss``, every ``*_loss``) and the stats the method names in
@@ -119,11 +120,13 @@ class Simulation:
             torch.backends.cudnn.allow_tf32 = False  # float32 convolutions in float32, as on the CPU (not TF32)
         model = initial_model(model_name, fed.info, tree.torch("model-init"), init).to(device)
         model.requires_grad_(False)
+        protocol = protocol or EvalProtocol()
+        method = method.evaluating(protocol.model)  # [eval] model: which of the method's models is evaluated
         method.check_model(model)
         run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch
-        sim = cls(method, fed, run, sampling or SamplingConfig(), protocol or EvalProtocol(), {},
+        sim = cls(method, fed, run, sampling or SamplingConfig(), protocol, {},
                   store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite,
                   on_divergence=on_divergence, divergence_factor=divergence_factor)
         sim.server = to_device(method.init_server(sim.sctx(0)), run.device)

@@ -1,8 +1,11 @@
-"""Evaluation: per-client accuracy and loss of a parameter dictionary on a client's data.
+"""Evaluation: per-client accuracy and loss of a model on a client's data.
 
 The protocol (which model, when, how aggregated) is explicit and written into every result; see
-:class:`EvalProtocol`. ``pooled`` accuracy is sum of correct / sum of samples over clients (PFLlib, FedAPA);
-``client_mean`` / ``client_std`` are over clients with at least one test sample.
+:class:`EvalProtocol`. What a client evaluates is an :class:`EvalSpec`: parameters and, where the method
+classifies otherwise than the model's own forward pass (FedProto's nearest prototype, DBE's representation bias),
+the :class:`~fedblend.core.training.Forward` that turns them and a batch into logits. ``pooled`` accuracy is
+sum of correct / sum of samples over clients (PFLlib, FedAPA); ``client_mean`` / ``client_std`` are over clients
+with at least one test sample.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedblend.common.errors import ConfigError
+from fedblend.common.params import Params
+from fedblend.core.training import Forward
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,10 @@ class EvalProtocol:
     before_after: bool = False
     #: summary.json's ``rounds_to_target``: the first round whose accuracy reaches this (None: not reported)
     target: float | None = None
+    #: which model of each client the personalized accuracy evaluates: one of the choices the method offers
+    #: (``Method.eval_choices``: "received", "trained", or a method's own, e.g. FedPHP's "hpm"); None: the
+    #: method's default, its paper's
+    model: str | None = None
 
     def validate(self, where: str) -> None:
         if self.select == "val" and self.split != "test":
@@ -47,6 +56,27 @@ class EvalProtocol:
         if self.select == "val" and self.report != "best":
             raise ConfigError(f"{where}.select = 'val' reports the best-validation round; {where}.report must be "
                               f"'best', got {self.report!r}")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """The model a client evaluates: ``params``, and the forward pass that gives its logits on a batch
+    (``forward(model, params, x, False)[0]``, a :class:`~fedblend.core.training.Forward` as local training
+    uses; None: the model's own, ``functional_call(model, params, (x,))``). ``params`` may hold entries that are
+    not model parameters, which ``forward`` consumes (DBE's bias)."""
+
+    params: Params
+    forward: Forward | None = None
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.forward is None:
+            return functional_call(model, dict(self.params), (x,))
+        return self.forward(model, self.params, x, False)[0]
+
+
+def as_eval_spec(model: Params | EvalSpec) -> EvalSpec:
+    """An :class:`EvalSpec` of a hook's answer: a spec as it is, a parameter dictionary with the model's forward."""
+    return model if isinstance(model, EvalSpec) else EvalSpec(model)
 
 
 GLOBAL_PREFIX = "global_"  # the global model's counts in an evaluation reply's metrics
@@ -78,12 +108,13 @@ class EvalCounts(NamedTuple):
 
 
 @torch.no_grad()
-def evaluate_params(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                    batch_size: int = 2048) -> EvalCounts:
-    """``(correct, summed loss, n)`` of the model with ``params`` on ``(x, y)``."""
+def evaluate_params(model: nn.Module, params: Mapping[str, torch.Tensor] | EvalSpec, x: torch.Tensor,
+                    y: torch.Tensor, batch_size: int = 2048) -> EvalCounts:
+    """``(correct, summed loss, n)`` of the model with ``params`` (or an :class:`EvalSpec`) on ``(x, y)``."""
+    spec = as_eval_spec(params)
     correct, loss = 0, 0.0
     for i in range(0, len(y), batch_size):
-        out = functional_call(model, dict(params), (x[i : i + batch_size],))
+        out = spec.logits(model, x[i : i + batch_size])
         loss += float(F.cross_entropy(out, y[i : i + batch_size], reduction="sum"))
         correct += int((out.argmax(1) == y[i : i + batch_size]).sum())
     return EvalCounts(correct, loss, int(len(y)))

@@ -15,7 +15,7 @@ Client half (sees its own state, its own data and the message, through a :class:
 
     cstate        = method.init_client(cctx)                 # on the client, at first contact
     reply, cstate = method.client_step(phase, msg, cstate, cctx)   # a generator: yields TrainSpecs (below)
-    params        = method.eval_params(msg, cstate, cctx)    # the personalized model to evaluate
+    spec          = method.evaluate(msg, cstate, cctx)       # the personalized model to evaluate: EvalSpec
 
 A round is ``method.phases(sctx)``, ``("train",)`` by default: one exchange. Methods that need more (a
 validation score of the received model before training, several models sent out) add phases; the engine runs
@@ -30,7 +30,8 @@ hooks::
     cstate = before_training(msg, cstate)    # hook: client-side work before anything else (PartialFed's strategy)
     params = client_init(msg, cstate)        # hook: own parameters overwritten by what was received
     params = transform(params, cstate) ...   # composable client-side parts, e.g. ALA ("fedavg+ala")
-    score "bp" on scored_params(params)      # under eval.before_after; hook: the model as evaluated (DBE's bias)
+    score "bp" on scored_params(params)      # under eval.before_after; hook: the model as evaluated (DBE's
+                                             # bias, an EvalSpec)
     result = yield from local_training(...)  # hook: one spec with the method's loss terms (FedProx: proximal);
                                              # FedRep / Ditto / FedPAC yield more specs, own-loop methods none
     score "ap" on scored_params(result.params)
@@ -40,12 +41,26 @@ hooks::
 so a method overrides only what differs from FedAvg, and a :class:`ClientTransform` composes with every method,
 without either knowing the other.
 
+Evaluation is a protocol, not an option per method: the run's ``[eval] model`` names which model of each client
+the personalized accuracy evaluates, one of the choices the method offers (:meth:`Method.eval_models`, composed
+with its transforms' in :meth:`Method.eval_choices`; the first is the default, its paper's): ``"received"``
+(what the client would start training from now, ``client_init`` of the evaluation message), ``"trained"`` (its
+model after its last local training) or a method's own (FedPHP's ``"hpm"``, FedProto's ``"proto"``, ALA's
+``"ala"``). The client half answers with an :class:`~fedblend.core.evaluation.EvalSpec`, parameters and, where
+the method classifies otherwise than the model's forward pass, its own :class:`Forward`::
+
+    spec = evaluate(msg, cstate)             # EvalSpec(eval_params(...)); FedProto, DBE: their own forward
+    params = eval_params(msg, cstate)        # personalized_params (the choice), then each transform's
+                                             # eval_params; one that blends the received model (ALA) is handed
+                                             # client_init's model, as in training
+
 States (``server``, ``cstate``) are plain data -- tensors, numbers, strings, dicts and lists of them -- that the
 runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a method object holds only its options.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -54,7 +69,7 @@ import torch
 
 from fedblend.common.params import Params, clone, select, weighted_average
 from fedblend.common.rng import SeedTree
-from fedblend.core.evaluation import evaluate_params
+from fedblend.core.evaluation import EvalSpec, as_eval_spec, evaluate_params
 from fedblend.core.message import Message, comm_bytes
 from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, run_spec
 from fedblend.data.federated import ClientData
@@ -63,8 +78,8 @@ from fedblend.models.zoo import FedModel
 State = dict[str, Any]
 ClientWork = Generator[TrainSpec, TrainResult, tuple[Message, State]]
 
-__all__ = ["ClientCtx", "ClientTransform", "ClientWork", "Message", "Method", "RunInfo", "ServerCtx", "State",
-           "Traits", "comm_bytes"]
+__all__ = ["ClientCtx", "ClientTransform", "ClientWork", "EvalSpec", "Message", "Method", "RunInfo", "ServerCtx",
+           "State", "Traits", "comm_bytes"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,8 @@ class Traits:
     param_records: tuple[str, ...] = ("params",)
     #: names those records may carry besides the model's parameters
     extra_entries: tuple[str, ...] = ()
+    #: the ``[eval] model`` in force: which of :meth:`Method.eval_choices` the personalized accuracy evaluates
+    eval_choice: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,7 +214,10 @@ class ClientTransform:
 
     ``apply`` returns the parameters to train from and the updated client state; a transform keeps its own
     state under ``cstate[self.key]``. ``after_train`` sees the trained parameters. ``eval_params`` may replace
-    the personalized model evaluated, from the evaluation message and the client's state only.
+    the personalized model evaluated, from the evaluation message and the client's state only; a transform
+    that blends the received model (``requires_received``) is handed what ``client_init`` makes of the
+    evaluation message, as ``apply`` is in training. ``eval_models`` may offer ``[eval] model`` choices of its
+    own (ALA: "ala", "stored", "trained"), which then replace the host's.
     """
 
     name: ClassVar[str] = "transform"
@@ -237,6 +257,11 @@ class ClientTransform:
 
     def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
         return params
+
+    def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
+        """The ``[eval] model`` choices (name -> what is then evaluated, the first the default) with this
+        transform on; ``current``: the host's (default: unchanged)."""
+        return current
 
     def eval_description(self, method: Method, current: str) -> str:
         """What the personalized accuracy evaluates with this transform on (``current``: without it)."""
@@ -309,24 +334,62 @@ class Method:
                             f"declare it in resolve_traits, e.g. def resolve_traits(self, **declared): return "
                             f"super().resolve_traits(**{{'{stale[0]}': ..., **declared}})")
 
-    def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
+    def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None,
+                 eval_choice: str | None = None):
         self.opts = options if options is not None else self.options_cls()
         self.transforms = list(transforms or [])
+        self._eval_request = eval_choice
         self.traits: Traits = self.resolve_traits()
+
+    # -------------------------------------------------------------------------------- [eval] model choices
+    def eval_models(self) -> dict[str, str]:
+        """The ``[eval] model`` choices the method offers: name -> what the personalized accuracy then evaluates;
+        the first is the default (the method's paper). Default: one, ``"received"`` where the client evaluates
+        what it would start training from (``evaluates_received_model``), else ``"trained"``. A method that
+        offers several reads :attr:`chosen_eval`."""
+        return {"received" if self.evaluates_received_model else "trained": self.eval_model}
+
+    def eval_choices(self) -> dict[str, str]:
+        """:meth:`eval_models` composed with the transforms' (ALA offers its own, which replace the host's)."""
+        choices = dict(self.eval_models())
+        for t in self.transforms:
+            choices = dict(t.eval_models(self, choices))
+        return choices
+
+    @property
+    def chosen_eval(self) -> str:
+        """The ``[eval] model`` in force, the one asked for, else the default (what :meth:`resolve_traits` reads;
+        everything else reads ``traits.eval_choice``)."""
+        return self._eval_request or next(iter(self.eval_choices()))
+
+    def evaluating(self, choice: str | None) -> Method:
+        """This method with ``[eval] model = choice`` (None: as it is); a ``ValueError`` for a choice it does
+        not offer."""
+        if choice is None or choice == self.chosen_eval:
+            return self
+        other = copy.copy(self)
+        other._eval_request = choice
+        other.traits = other.resolve_traits()
+        return other
 
     def resolve_traits(self, **declared: Any) -> Traits:
         """The method's :class:`Traits`: the class declarations, overridden by ``declared`` (what a subclass's
         options change, e.g. ``super().resolve_traits(sequential_server=self.opts.sequential)``), then composed
         with the transforms (a transform's model need, own loop, per-client stats and evaluation description). A
         subclass that changes a resolved trait (e.g. wraps the evaluation description) ``replace``s the result."""
-        base = dict(eval_model=self.eval_model, shares=self.shares, has_global=self.has_global,
+        choices = self.eval_choices()
+        if self.chosen_eval not in choices:
+            raise ValueError(f"{self.label}: eval.model = {self.chosen_eval!r} is not one of its choices: "
+                             f"{', '.join(repr(c) for c in choices)}")
+        base = dict(eval_model=choices[self.chosen_eval], shares=self.shares, has_global=self.has_global,
                     trains_from_received=self.trains_from_received,
                     keeps_model=self.client_keeps_model, own_loop=self.client_own_loop,
                     accepts_transforms=self.accepts_transforms,
                     evaluates_received_model=self.evaluates_received_model,
                     evaluates_own_model=self.evaluates_own_model, pretrainable=self.pretrainable,
                     sequential_server=False, per_client_stats=(),
-                    param_records=tuple(self.param_records), extra_entries=tuple(self.extra_entries))
+                    param_records=tuple(self.param_records), extra_entries=tuple(self.extra_entries),
+                    eval_choice=self.chosen_eval)
         unknown = set(declared) - set(base)
         if unknown:
             raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
@@ -454,9 +517,9 @@ class Method:
         """Hook: client-side work before the client initialises its model (default: none)."""
         return cstate
 
-    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Hook: the model that ``params`` stand for when scored before / after training (default: ``params``;
-        DBE adds its representation bias)."""
+    def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params | EvalSpec:
+        """Hook: the model that ``params`` stand for when scored before / after training: parameters, or an
+        :class:`EvalSpec` (default: ``params``; DBE adds its representation bias in its forward)."""
         return params
 
     def local_training(self, params: Params, msg: Message, cstate: State,
@@ -500,19 +563,30 @@ class Method:
         return self.client_init(msg, cstate, ctx) if self.traits.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Parameters of the client's personalized model as the method's paper evaluates it: the method's
-        :meth:`personalized_params`, then each transform's ``eval_params`` on top."""
-        params = self.personalized_params(msg, cstate, ctx)
+        """Parameters of the client's personalized model, per ``[eval] model`` (:attr:`chosen_eval`): the
+        method's :meth:`personalized_params`, then each transform's ``eval_params`` on top. A transform that
+        blends the received model (ALA) replaces the method's choice by its own: the template then hands it
+        what ``client_init`` makes of the evaluation message, as training hands ``apply``."""
+        if any(t.requires_received for t in self.transforms):
+            params = self.client_init(msg, cstate, ctx)
+        else:
+            params = self.personalized_params(msg, cstate, ctx)
         for t in self.transforms:
             params = t.eval_params(self, msg, cstate, ctx, params)
         return params
+
+    def evaluate(self, msg: Message, cstate: State, ctx: ClientCtx) -> EvalSpec:
+        """The client's personalized model as an :class:`EvalSpec`: :meth:`eval_params` with the model's own
+        forward pass; a method that classifies otherwise (FedProto's nearest prototype, DBE's bias) returns its
+        own forward."""
+        return EvalSpec(self.eval_params(msg, cstate, ctx))
 
 
 BEFORE_AFTER = "before_after_split"  # message config key: score the model before ("bp") and after ("ap") training
 
 
 @torch.no_grad()
-def score_before_after(tag: str, params: Params, msg: Message, ctx: ClientCtx) -> None:
+def score_before_after(tag: str, params: Params | EvalSpec, msg: Message, ctx: ClientCtx) -> None:
     """When the message asks for it (``config["before_after_split"]``, set by the engine under
     ``eval.before_after``), count the correct predictions of ``params`` on that split of the client's data into
     ``ctx.stats[tag + "_correct"]`` / ``[tag + "_n"]``; the engine pools them into ``{tag}_acc``. ``"bp"``: the
@@ -521,7 +595,7 @@ def score_before_after(tag: str, params: Params, msg: Message, ctx: ClientCtx) -
     if not split:
         return
     x, y = getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y")
-    c, _, n = evaluate_params(ctx.model, params, x, y)
+    c, _, n = evaluate_params(ctx.model, as_eval_spec(params), x, y)
     ctx.stats[f"{tag}_correct"], ctx.stats[f"{tag}_n"] = c, n
 
 

@@ -32,17 +32,17 @@ from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime, returned_pair
-from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts
+from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalSpec
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
 from fedblend.core.optim import SGD
 from fedblend.core.stacked import evaluate_stacked, from_native, stacked_twin, to_native, twin_agrees, twin_logits, vmap_logits
-from fedblend.core.training import TrainConfig, TrainResult, TrainSpec, batch_rows, client_step
+from fedblend.core.training import Forward, TrainConfig, TrainResult, TrainSpec, batch_rows, client_step
 
 
 def _scalars(term) -> dict:
@@ -210,16 +210,19 @@ def batched_sgd(model, specs: Sequence[TrainSpec], datas: Sequence, gens: Sequen
     return results  # type: ignore[return-value]
 
 
-def evaluate_shared(model, params: Params, parts: Sequence[tuple], batch_size: int) -> list[tuple[int, float, int]]:
-    """``(correct, summed loss, n)`` of one model on each of several clients' data, in one pass over the
+def evaluate_shared(model, params: Params, parts: Sequence[tuple], batch_size: int,
+                    forward: Forward | None = None) -> list[tuple[int, float, int]]:
+    """``(correct, summed loss, n)`` of one model (``params``, with ``forward``: an
+    :class:`~fedblend.core.evaluation.EvalSpec`'s) on each of several clients' data, in one pass over the
     concatenated data (per-sample losses summed per client)."""
+    spec = EvalSpec(params, forward)
     if not parts:
         return []
     x = torch.cat([p[0] for p in parts])
     y = torch.cat([p[1] for p in parts])
     ok, losses = [], []
     for i in range(0, len(y), batch_size):
-        out = functional_call(model, dict(params), (x[i : i + batch_size],))
+        out = spec.logits(model, x[i : i + batch_size])
         losses.append(F.cross_entropy(out, y[i : i + batch_size], reduction="none").double())
         ok.append(out.argmax(1) == y[i : i + batch_size])
     ok_all = torch.cat(ok) if ok else torch.zeros(0, dtype=torch.bool)
@@ -321,31 +324,33 @@ class VmapBackend(Backend):
         """Every client's personalized (and global) model on its evaluation split: models shared by several
         clients scored in one pass over their data (:func:`evaluate_shared`), the clients' own models stacked
         and scored together (:func:`~fedblend.core.stacked.evaluate_stacked`)."""
-        items = []  # (job index, "" or "global_", params, x, y)
+        items = []  # (job index, "" or "global_", params, x, y, forward)
         for i, job in enumerate(jobs):
             ctx, state = self.runtime.begin(job)
-            params, glob, (x, y) = self.runtime.eval_models(job.msg, state, ctx)
-            items.append((i, "", params, x, y))
+            spec, glob, (x, y) = self.runtime.eval_models(job.msg, state, ctx)
+            items.append((i, "", spec.params, x, y, spec.forward))
             if glob is not None:
-                items.append((i, GLOBAL_PREFIX, glob, x, y))
+                items.append((i, GLOBAL_PREFIX, glob, x, y, None))
         metrics: list[dict] = [{} for _ in jobs]
         groups: dict[tuple, list] = {}
-        for item in items:
-            groups.setdefault(tuple(id(t) for t in item[2].values()), []).append(item)
+        for item in items:  # a model with its own forward (an EvalSpec's) is scored alone, one by one
+            groups.setdefault((id(item[5]), *(id(t) for t in item[2].values())), []).append(item)
         bs = int(jobs[0].msg.config.get("batch_size", 2048)) if jobs else 2048
-        own = [g[0] for g in groups.values() if len(g) == 1]  # each client's own model: scored stacked
+        # each client's own model (the model's forward): scored stacked
+        own = [g[0] for g in groups.values() if len(g) == 1 and g[0][5] is None]
         shapes = {tuple((n, tuple(t.shape)) for n, t in item[2].items()) for item in own}
         stack = self.stack_eval if self.stack_eval is not None else torch.device(self.run_info.device).type != "cpu"
         stacked = own if stack and len(own) > 1 and len(shapes) == 1 else []
         if stacked:
-            scores = evaluate_stacked(self._eval_logits(), [(p, x, y) for _, _, p, x, y in stacked], bs)
-            for (i, prefix, _, _, _), counts in zip(stacked, scores):
+            scores = evaluate_stacked(self._eval_logits(), [(p, x, y) for _, _, p, x, y, _ in stacked], bs)
+            for (i, prefix, *_), counts in zip(stacked, scores):
                 metrics[i].update(EvalCounts(*counts).to_metrics(prefix))
         for group in groups.values():
             if len(group) == 1 and stacked and group[0] in stacked:
                 continue
-            scores = evaluate_shared(self.run_info.model, group[0][2], [(x, y) for _, _, _, x, y in group], bs)
-            for (i, prefix, _, _, _), counts in zip(group, scores):
+            scores = evaluate_shared(self.run_info.model, group[0][2], [(x, y) for _, _, _, x, y, _ in group], bs,
+                                     group[0][5])
+            for (i, prefix, *_), counts in zip(group, scores):
                 metrics[i].update(EvalCounts(*counts).to_metrics(prefix))
         return [ClientResult(Message(metrics=m), None, {}) for m in metrics]
 

@@ -29,7 +29,7 @@ class ALAOptions:
     """Options of ALA (the ``[ala]`` table, or ``[options]`` of ``fedala``). Defaults are the paper's."""
 
     CHOICES: ClassVar[dict] = {"sample": ("random", "window"), "record": ("last", "mean"),
-                               "eval": ("ala", "stored", "trained"), "eval_stream": ("train", "eval")}
+                               "eval_stream": ("train", "eval")}
     RANGES: ClassVar[dict] = {"eta": ">= 0", "s": "(0, 100]", "p": "[1, 1000]", "threshold": ">= 0", "window": "[1, 100000]",
                               "cap": "[1, 1000000]", "batch_size": "[1, 1000000]"}
 
@@ -44,9 +44,7 @@ class ALAOptions:
     batch_size: int | None = opt(None, "mini-batch size of the weight learning; None = the client's training batch "
                                        "size")
     record: str = opt("last", "loss recorded per epoch for the stop rule: \"last\" batch's (code) or the epoch \"mean\"")
-    eval: str = opt("ala", 'evaluated model: "ala" = ALA-initialised model (Alg. 1 output; PFLlib), "stored" = Eq. 4 '
-                           "with the stored W (no learning), \"trained\" = the method's own (model after local training)")
-    eval_stream: str = opt("train", "eval = \"ala\": learn W from the next round's training stream (the blend the client"
+    eval_stream: str = opt("train", "eval.model = \"ala\": learn W from the next round's training stream (the blend the client"
                                     " then trains from; learned once) or from this round's \"eval\" stream (earlier "
                                     "runs)")
 
