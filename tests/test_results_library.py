@@ -221,3 +221,19 @@ def test_the_command_line_imports_no_method_module():
             if mod and mod.startswith("fedblend.algorithms.") and mod != "fedblend.algorithms.registry":
                 bad.append(f"{p.name}: {mod}")
     assert not bad
+
+
+def test_group_key_joins_seeds_spelled_before_and_after_the_eval_protocol():
+    """A run that spelled the evaluated model as a method option (before ``[eval] model``) shares its row with one
+    that spells it the new way, or leaves the default unsaid; another model is another row."""
+    from fedblend.results.runs import group_key
+
+    def summary(options: dict, ev: dict) -> dict:
+        cfg = {"method": "dbe", "seed": 0, "options": {"kappa": 50.0, **options}, "eval": {"every": 1, **ev}}
+        return {"method": "dbe", "run": {"config": cfg}}
+
+    unsaid = group_key(summary({}, {}))
+    assert group_key(summary({"eval": "received"}, {})) == unsaid  # the old default, spelled out
+    assert group_key(summary({}, {"model": None})) == unsaid
+    trained_old = group_key(summary({"eval": "trained"}, {}))
+    assert trained_old == group_key(summary({}, {"model": "trained"})) != unsaid

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedblend.common.errors import UserFileError
+from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import read_json_object, read_jsonl
-from fedblend.config import config_hash
+from fedblend.config import config_hash, migrate_eval
 from fedblend.results.schema import summary_problems
 
 MARKERS = ("summary.json", "metrics.jsonl")  # a directory holding either is a run (finished or not)
@@ -87,11 +87,25 @@ def group_key(summary: dict) -> tuple[str, str]:
     cfg = run.get("config") if isinstance(run, dict) else None
     if not isinstance(cfg, dict):
         return summary.get("label", summary.get("method", "?")), "-"
-    keyed = {k: v for k, v in cfg.items() if k != "seed"}
+    keyed = _same_spelling({k: v for k, v in cfg.items() if k != "seed"})
     inputs = run.get("inputs")
     if isinstance(inputs, dict) and inputs:
         keyed["inputs"] = {k: v.get("sha256") if isinstance(v, dict) else v for k, v in inputs.items()}
     return summary.get("label", summary["method"]), config_hash(keyed)
+
+
+def _same_spelling(cfg: dict) -> dict:
+    """``cfg`` with a per-method evaluation option of an older run moved to ``[eval] model``
+    (:func:`fedblend.config.migrate_eval`) and an unset ``model`` left out, so that the seeds of one config made
+    before and after that change share a row."""
+    try:
+        cfg, _ = migrate_eval(cfg)
+    except ConfigError:
+        return cfg
+    ev = cfg.get("eval")
+    if isinstance(ev, dict) and ev.get("model") is None:
+        cfg = {**cfg, "eval": {k: v for k, v in ev.items() if k != "model"}}
+    return cfg
 
 
 def last_round(run: Path) -> int:
