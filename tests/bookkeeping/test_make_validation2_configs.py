@@ -1,0 +1,34 @@
+"""bookkeeping/make_validation2_configs.py: the second validation setting's configs (docs/validation-2.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomllib
+
+from tests.helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_second_setting_configs_are_what_the_script_writes(tmp_path):
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    assert mod.main(["--out", str(tmp_path)]) == 0
+    written = sorted(p.name for p in tmp_path.glob("*.toml"))
+    committed = sorted(p.name for p in (ROOT / "configs" / "validation-2").glob("*.toml"))
+    assert written == committed and "fedavg-ft.toml" in written and "local.toml" in written
+    for name in written:
+        assert (tmp_path / name).read_text() == (ROOT / "configs" / "validation-2" / name).read_text(), name
+
+
+def test_second_setting_replaces_the_setting_and_keeps_the_method_options():
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    first = tomllib.loads((ROOT / "configs" / "validation" / "fedala.toml").read_text())
+    second = mod.second_setting(first, "fedala", 0.3)
+    assert second["options"] == first["options"] and second["model"] == "cnn4" and second["rounds"] == 20
+    part = second["partition"]
+    assert (part["alpha"], part["num_clients"], part["pool_fraction"], part["rule"]) == (0.3, 50, 0.3, "pflib")
+    assert (second["train"]["lr"], second["train"]["batch_size"]) == (0.005, 10)
+    perfedavg = mod.second_setting(tomllib.loads((ROOT / "configs" / "validation" / "perfedavg.toml").read_text()),
+                                   "perfedavg", 0.2)
+    assert perfedavg["train"]["epochs"] == 2 and perfedavg["partition"]["pool_fraction"] == 0.2
