@@ -14,7 +14,8 @@
 * ``signature``: the hook is replaced by a function with one parameter too few (called the way fedblend calls it,
   it raises ``TypeError``).
 
-:attr:`Faulty.fired` is set (in the process that ran it) when the fault was applied.
+:attr:`Faulty.fired` is set (in the process that ran it) when the fault was applied (a hook whose value has no
+model parameters to spoil, or no ``num_samples``, runs unchanged).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Faulty(FedAvg):
         if o.hook == "__init__" and o.fault in ("raise", "signature"):
             raise RuntimeError("planted fault")  # (a ValueError is how a constructor refuses options: exit 2)
         if o.fault == "signature" and o.hook in HOOKS:
-            setattr(self, o.hook, lambda *args: None)  # one parameter too few for every hook: TypeError at the call
+            setattr(self, o.hook, lambda only_one: None)  # too few parameters for every hook: TypeError at the call
 
     # ------------------------------------------------------------------------------------------ the fault
     def _now(self, hook: str, rnd: int, cid: int | None) -> bool:
@@ -65,21 +66,21 @@ class Faulty(FedAvg):
     def _spoil(self, hook: str, value, rnd: int, cid: int | None = None):
         if not self._now(hook, rnd, cid):
             return value
-        type(self).fired = True
         fault = self.opts.fault
-        if fault == "raise":
-            raise ValueError("planted fault")
-        if fault == "none":
-            return None
-        if fault == "type":
-            return [value]
+        if fault in ("raise", "none", "type"):
+            type(self).fired = True
+            if fault == "raise":
+                raise ValueError("planted fault")
+            return None if fault == "none" else [value]
         if fault == "zero":
             if isinstance(value, Message) and "num_samples" in value.metrics:
                 value.metrics["num_samples"] = 0
+                type(self).fired = True
             return value
         params = _params_in(value)
-        if params is None or not params:
-            return value
+        if params is None or not params or fault not in ("shape", "dtype", "nan", "extra", "missing"):
+            return value  # nothing of this kind to spoil here: the hook runs as it is
+        type(self).fired = True
         first = next(iter(params))
         t = params[first]
         if fault == "shape":

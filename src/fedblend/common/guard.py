@@ -102,10 +102,15 @@ def plugin_guard(owner: Any, kind: str, hook: str, rnd: int | None = None, cid: 
                  name: str | None = None) -> Any:
     """:func:`guarded` where ``owner`` is a plug-in's (not fedblend's own: a built-in dataset's or model's
     exceptions are fedblend's to name, or its bugs, and stay as they are)."""
-    module = getattr(owner if isinstance(owner, type) or _is_function(owner) else type(owner), "__module__", "")
-    if (module or "").split(".")[0] == "fedblend":
+    if _builtin(owner):
         return nullcontext()
     return guarded(owner, kind, hook, rnd, cid, name=name)
+
+
+def _builtin(obj: Any) -> bool:
+    """Whether ``obj`` (an instance, a class or a function) is fedblend's own."""
+    module = getattr(obj if isinstance(obj, type) or _is_function(obj) else type(obj), "__module__", "")
+    return (module or "").split(".")[0] == "fedblend"
 
 
 def method_guard(method: Any, hook: str, rnd: int | None = None, cid: Any = None, model: Any = None):
@@ -113,7 +118,7 @@ def method_guard(method: Any, hook: str, rnd: int | None = None, cid: Any = None
     hooks are named as the transform's, and where the call runs ``model`` (the run's model: a client's training
     or evaluation), an exception in one of the model's own functions (its ``forward``) as the model's."""
     within = [(method, "method"), *((t, "transform") for t in getattr(method, "transforms", ()))]
-    if model is not None:
+    if model is not None and not _builtin(model):  # a built-in model raising is fed wrong inputs: the method's
         within.append((model, "model"))
     return guarded(method, "method", hook, rnd, cid, within)
 

@@ -62,7 +62,7 @@ from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntim
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State, server_tree
-from fedblend.core.replies import check_is_message, check_reply, model_errors
+from fedblend.core.replies import check_is_message, check_reply, model_errors, reply_errors
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
@@ -183,6 +183,17 @@ class Simulation:
             what = f"client {cid}'s {phase} reply" if reply else f"the server's {phase} message to client {cid}"
             raise MessageError(f"{self.method.label}: {what} breaks the message channels:\n  " + "\n  ".join(errors))
 
+    def _check_sent(self, msg: Message, hook: str, cid: int, t: int) -> None:
+        """Refuse a message of the server half whose parameter records break the reply contract's rules for
+        parameters (:mod:`fedblend.core.replies`: a model parameter's name, shape, floating dtype): named as the
+        ``hook`` that made it, not as the client's training failing on it."""
+        traits = self.method.traits
+        bad = [e for e in reply_errors(msg, self.run_info.init_params, traits.param_records, traits.extra_entries)
+               if not e.startswith("metrics[")]
+        if bad:
+            returned_wrong(self.method, "method", hook, "a message that does not fit the model (" + "; ".join(bad)
+                           + ")", t, cid)
+
     def _check_reply(self, reply: Message, phase: str, cid: int, t: int) -> None:
         """Refuse a training reply that breaks the reply contract (:mod:`fedblend.core.replies`): parameters of the
         wrong shape or dtype, names the model does not have, a ``num_samples`` that is no positive number."""
@@ -238,6 +249,7 @@ class Simulation:
                     m.config[BEFORE_AFTER] = self.protocol.split
             for cid in cids:
                 self._check_channels(msgs[cid], phase, cid, reply=False)
+                self._check_sent(msgs[cid], "configure", cid, t)
             results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
             replies = {}
             for cid, res in zip(cids, results):

@@ -294,9 +294,10 @@ class VmapBackend(Backend):
             self._advance(i, ctx, gen, None, time.perf_counter() - t0, live, out, first=True)
         while live:
             groups: dict[tuple, list[int]] = {}
-            for i, (_, _, spec, _) in live.items():
-                key = _signature(spec) if batchable(spec) else ("single", i)
-                groups.setdefault(key, []).append(i)
+            for i, (ctx, _, spec, _) in live.items():
+                with method_guard(self.method, "client_step", ctx.rnd, ctx.cid):  # the spec is the method's
+                    key = _signature(spec) if batchable(spec) else ("single", i)
+                    groups.setdefault(key, []).append(i)
             for key, idx in groups.items():
                 specs = [live[i][2] for i in idx]
                 ctxs = [live[i][0] for i in idx]
