@@ -47,7 +47,7 @@ def find_plugin(kind: str, name: str) -> type | None:
     cls = plugins.check_subclass(kind, name, obj, base)
     opts = getattr(cls, "options_cls", None)
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
-        returned_wrong(cls, kind, "options_cls", f"{_what(opts)} as its options_cls, not a dataclass (e.g. "
+        returned_wrong(cls, kind, "options_cls", f"{_what(opts)}, not a dataclass (e.g. "
                        f"@dataclass class Options: mu: float = 0.01)", verb="is")
     table[name] = cls
     return cls
