@@ -268,6 +268,19 @@ class TestFlowerNodesReportIt:
             FlowerBackend._result(SimpleNamespace(), job, r, 7)
         assert (err.value.hook, err.value.round, err.value.client) == ("reply", 2, 3)
 
+    def test_end_to_end_through_flower_records(self, tmp_path):
+        """The Flower backend over the in-process grid of tests/test_flower.py: the node's ClientApp runs the
+        plug-in's client half, the hook raises, the server stops the run naming it and the node."""
+        pytest.importorskip("flwr", reason="the Flower extra is not installed")
+        from tests.test_flower import flower_run, tiny_cfg
+
+        cfg = tiny_cfg("tests.plugin_faults:Faulty", "options.hook='loss_terms'", "options.fault='raise'",
+                       "options.client=1")
+        with pytest.raises(HookError, match=r"raised in loss_terms \(client 1, round 1\): ValueError: planted "
+                                            r"fault.*\(on node \d+\)$") as err:
+            flower_run(cfg, tmp_path)
+        assert (err.value.plugin, err.value.hook, err.value.round, err.value.client) == (PLUGIN, "loss_terms", 1, 1)
+
     def test_the_node_puts_it_in_the_result(self):
         from fedblend.flower.node import Node
 
