@@ -228,6 +228,34 @@ class TestWorkerProcesses:
         assert rc == 1 and err.count("\n") == 1 and "raised in loss_terms (client " in err, err
         assert "Traceback" not in captured.err + captured.out
 
+    def test_sigterm_ends_a_run_with_one_line_and_no_worker_tracebacks(self, tmp_path):
+        """SIGTERM to ``fedblend run`` under worker processes: exit 130, one line saying how to resume, nothing
+        from the workers (their pipes close under them)."""
+        import os
+        import signal
+        import subprocess
+        import time
+
+        out = tmp_path / "run"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        argv = [sys.executable, "-m", "fedblend.cli.main", *RUN[:1], "--set", "method=fedavg", *RUN[3:],
+                "--set", "rounds=100000", "--set", "train.epochs=5", "--set", "backend=processes", "--set",
+                "checkpoint_every=1", "--out", str(out)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not ((out / "metrics.jsonl").exists()
+                                                      and (out / "metrics.jsonl").read_text().count("\n") >= 3):
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert proc.returncode == 130 and len(lines) == 1 and "--resume" in lines[0], err
+        assert "Traceback" not in err and "BrokenPipeError" not in err
+
     def test_a_worker_whose_parent_is_gone_ends_quietly(self, tiny_fed, capfd):
         from fedblend.core.client import ClientJob
 
