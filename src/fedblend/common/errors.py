@@ -2,7 +2,9 @@
 
 Each carries a complete one-line message (what failed, the bad value, what is allowed or how to fix it); the
 command line prints it as ``fedblend: error: <message>`` and exits non-zero, the Python API raises it as is.
-Unexpected exceptions (bugs) are not wrapped, so their tracebacks stay visible.
+Unexpected exceptions (bugs) of fedblend's own code are not wrapped, so their tracebacks stay visible; an exception
+from code fedblend calls but did not write (a method's hooks, a plug-in) is named as a :class:`HookError`
+(:mod:`fedblend.common.guard`), its traceback kept as the cause (``--debug``).
 """
 
 from __future__ import annotations
