@@ -326,6 +326,14 @@ class TestTheGuardItself:
             with pytest.raises(type(exc)), guarded(object(), "method", "reply"):
                 raise exc
 
+    @pytest.mark.parametrize("message", ["CUDA out of memory. Tried to allocate 2.00 GiB",
+                                         "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+                                         "memory: you tried to allocate 1099511627776 bytes"])
+    def test_running_out_of_memory_is_not_the_plugins_fault(self, message):
+        """The caller names memory faults (``experiment``: "do not fit in memory"), whoever allocated last."""
+        with pytest.raises(RuntimeError, match="allocate"), guarded(object(), "method", "init_server"):
+            raise RuntimeError(message)
+
     def test_hook_error_survives_pickling(self):
         e = HookError("text", "method 'x'", "reply", 2, 3)
         back = pickle.loads(pickle.dumps(e))

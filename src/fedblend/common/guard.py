@@ -90,12 +90,18 @@ class guarded:  # noqa: N801 - used as a context manager, like contextlib's
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, _PASS + self.passes):
             return
-        if type(exc).__name__ == "OutOfMemoryError":  # torch's (CUDA / MPS): the caller names memory faults
+        if _out_of_memory(exc):  # torch's (CUDA / MPS / the CPU allocator's): the caller names memory faults
             return
         raise hook_error(exc, *self.args) from exc
 
 
 _PASS = (FedblendError, MemoryError, StopIteration)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in text or \
+        "out of memory" in text.lower()
 
 
 def plugin_guard(owner: Any, kind: str, hook: str, rnd: int | None = None, cid: Any = None,
