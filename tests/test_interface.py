@@ -200,8 +200,11 @@ def test_process_backend_worker_error_is_reported(tiny_fed):
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, backend=ProcessBackend(workers=1, threads=1))
     sim.method = Broken()
-    with sim, pytest.raises(RuntimeError, match="boom"):
-        sim.run_round()
+    from fedblend.common.errors import HookError
+
+    with sim, pytest.raises(HookError, match=r"^method plug-in 'broken-test' \(tests.test_interface:Broken\) raised "
+                                              r"in client_train \(client \d, round 1\): ValueError: boom"):
+        sim.run_round()  # the worker's exception, named once by the parent (not a RuntimeError of tracebacks)
 
 
 def test_device_backend_fields(tmp_path):

@@ -63,6 +63,7 @@ from fedblend.common.errors import (
     ResumeMismatchError,
     RunInterrupted,
 )
+from fedblend.common.guard import guarded
 from fedblend.common.jsonio import dumps
 from fedblend.config import (
     RUNTIME_ONLY,
@@ -574,7 +575,8 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
             summary = _run_loop(cfg, sim, out, identity, progress, stop_after, trackers, ck_files)
         finally:
             for tr in trackers:
-                tr.close()
+                with guarded(tr, "tracker", "close", side=""):
+                    tr.close()
         if cfg.log.plot and "stopped_at" not in summary:
             plot_run(out)
     except BaseException as exc:
@@ -598,7 +600,8 @@ def _run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progre
         nonlocal done
         files.append_text(out / "metrics.jsonl", dumps(m) + "\n")
         for tr in trackers:
-            tr(m)
+            with guarded(tr, "tracker", "log", m["round"] - 1, side=""):
+                tr(m)
         done += 1
         if progress is not None:
             progress(m, sim)

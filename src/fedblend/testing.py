@@ -50,6 +50,7 @@ import torch
 from fedblend.algorithms import build_method
 from fedblend.algorithms.registry import make_options
 from fedblend.common.codec import decode, encode
+from fedblend.common.guard import guarded
 from fedblend.core.backends import ProcessBackend, SequentialBackend
 from fedblend.core.client import ClientRuntime
 from fedblend.core.engine import Simulation
@@ -83,7 +84,9 @@ def make_method(method: MethodLike, options: Mapping[str, Any] | None = None,
         return build_method(method, options, transforms)
     if transforms:
         raise ValueError("transforms need the method as a spec string (e.g. 'pkg.module:Class+ala')")
-    return method(make_options(method.options_cls, options, "options"))
+    opts = make_options(method.options_cls, options, "options")
+    with guarded(method, "method", "__init__", passes=(ValueError,)):  # as the registry builds it
+        return method(opts)
 
 
 def tiny_sim(fed: FederatedData, method: MethodLike = "fedavg", options=None, transforms=None, rounds: int = 3,

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedblend.common import plugins
+from fedblend.common.guard import guarded, returned_wrong
 from fedblend.common.options import from_table
 from fedblend.core.method import ClientTransform, Method
 
@@ -43,8 +44,18 @@ def find_plugin(kind: str, name: str) -> type | None:
     obj = plugins.find(kind, name)
     if obj is None:
         return None
-    table[name] = plugins.check_subclass(kind, name, obj, base)
-    return table[name]
+    cls = plugins.check_subclass(kind, name, obj, base)
+    opts = getattr(cls, "options_cls", None)
+    if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
+        returned_wrong(cls, kind, "options_cls", f"{_what(opts)}, not a dataclass (e.g. "
+                       f"@dataclass class Options: mu: float = 0.01)", verb="is")
+    table[name] = cls
+    return cls
+
+
+def _what(value: Any) -> str:
+    return f"the class {value.__qualname__}" if isinstance(value, type) else f"a {type(value).__name__}"
+
 
 
 def parse_method(spec: str) -> tuple[str, list[str]]:
@@ -79,9 +90,14 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
     (None: the method's default; a ``ValueError`` for one it does not offer)."""
     base, parts = parse_method(spec)
     cls = METHODS[base]
-    transforms = [TRANSFORMS[p](make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p))
-                  for p in parts]
-    method = cls(make_options(cls.options_cls, options, "options"), transforms)
+    transforms = []
+    for p in parts:  # a plug-in's construction is its own code: an exception in it is named (HookError)
+        opts = make_options(TRANSFORMS[p].options_cls, (transform_options or {}).get(p), p)
+        with guarded(TRANSFORMS[p], "transform", "__init__", passes=(ValueError,)):  # ValueError: a refusal
+            transforms.append(TRANSFORMS[p](opts))
+    opts = make_options(cls.options_cls, options, "options")
+    with guarded(cls, "method", "__init__", passes=(ValueError,)):
+        method = cls(opts, transforms)
     if transforms and not method.traits.accepts_transforms:
         raise ValueError(f"{spec!r}: {base} trains from a model of its own that no client transform can change; "
                          f"run it without {'+'.join(parts)}")

@@ -18,9 +18,10 @@ Every expected failure ends in one line ``fedblend: error: ...`` on stderr and a
 input (config, flags, usage, an existing run without --resume / --force, a directory another fedblend process is
 writing, a refused resume, a user's file that cannot be used: a partition, a PFLlib folder, an agent file, a run's
 metrics or summary), 1 for faults (missing or corrupt data, checkpoint, a full disk, a client worker that died, a
-run that diverged), 130 for Ctrl-C (the line says how to resume). The line names the file or resource and what to
-do. ``--debug`` shows the traceback instead. When the reader of the output goes away (``fedblend methods | head``)
-the command stops without a line, with 141 as a tool killed by SIGPIPE would.
+run that diverged, a plug-in whose code raised: the line names the plug-in, the hook, the client and the round),
+130 for Ctrl-C (the line says how to resume). The line names the file or resource and what to do. ``--debug``
+shows the traceback instead. When the reader of the output goes away (``fedblend methods | head``) the command
+stops without a line, with 141 as a tool killed by SIGPIPE would.
 """
 
 from __future__ import annotations

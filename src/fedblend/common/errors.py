@@ -2,7 +2,9 @@
 
 Each carries a complete one-line message (what failed, the bad value, what is allowed or how to fix it); the
 command line prints it as ``fedblend: error: <message>`` and exits non-zero, the Python API raises it as is.
-Unexpected exceptions (bugs) are not wrapped, so their tracebacks stay visible.
+Unexpected exceptions (bugs) of fedblend's own code are not wrapped, so their tracebacks stay visible; an exception
+from code fedblend calls but did not write (a method's hooks, a plug-in) is named as a :class:`HookError`
+(:mod:`fedblend.common.guard`), its traceback kept as the cause (``--debug``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,22 @@ class WorkerError(FedblendError):
 
 class MessageError(FedblendError, TypeError):
     """A method's message breaks the channel rules (:func:`fedblend.core.message.channel_errors`)."""
+
+
+class HookError(FedblendError):
+    """Code that fedblend calls but did not write -- a plug-in's method, transform, dataset, model or tracker, or a
+    built-in method's hook -- raised while fedblend called it (:mod:`fedblend.common.guard`). The one line names
+    the plug-in (``plugin``), the hook it raised in (``hook``), the round (``round``, 1-based; None before the
+    first) and the client (``client``; None for the server's hooks), the exception and where in the plug-in's code
+    it was raised. It is a fault of the run, not bad input (exit 1); ``--debug`` shows the original traceback."""
+
+    def __init__(self, message: str, plugin: str = "", hook: str = "", round: int | None = None,
+                 client: int | None = None):
+        super().__init__(message)
+        self.plugin, self.hook, self.round, self.client = plugin, hook, round, client
+
+    def __reduce__(self):  # crosses process boundaries (a worker's client hook raised) whole
+        return (type(self), (str(self), self.plugin, self.hook, self.round, self.client))
 
 
 class DataError(FedblendError):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
-from fedblend.common.errors import MessageError, WorkerError
+from fedblend.common.errors import FedblendError, WorkerError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.client import ClientJob, ClientResult, ClientRuntime
@@ -75,7 +75,22 @@ def _unpack_result(blob: bytes) -> ClientResult:
 
 def _worker_main(conn) -> None:  # pragma: no cover - runs in the worker process
     """A worker: receive its setup (method, run facts, its own clients' data), build the client runtime, then
-    answer job batches until told to stop."""
+    answer job batches until told to stop.
+
+    Every failure goes to the parent, which names it once: fedblend's named errors (a client hook that raised,
+    :class:`~fedblend.common.errors.HookError`; a reply that breaks the contract) whole, anything else as its
+    traceback. A parent that is gone (stopped by SIGTERM or Ctrl-C, its pipe closed) ends the worker without a
+    word, and Ctrl-C at a terminal, which reaches every process of the group, is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(conn)
+    except (EOFError, OSError):  # the parent closed the pipe (it stopped): nothing to report to
+        pass
+    finally:
+        conn.close()
+
+
+def _serve(conn) -> None:  # pragma: no cover - runs in the worker process
     conn.send_bytes(b"hello")
     method, run, data, tree, threads = pickle.loads(conn.recv_bytes())
     torch.set_num_threads(threads)
@@ -88,12 +103,23 @@ def _worker_main(conn) -> None:  # pragma: no cover - runs in the worker process
             break
         try:
             jobs = pickle.loads(blob)
-            conn.send_bytes(pickle.dumps(("ok", [_pack_result(runtime.handle(_unpack_job(j))) for j in jobs])))
-        except MessageError as exc:  # a method's own mistake, named: raised in the main process as it is
-            conn.send_bytes(pickle.dumps(("message", str(exc))))
+            answer = pickle.dumps(("ok", [_pack_result(runtime.handle(_unpack_job(j))) for j in jobs]))
+        except FedblendError as exc:  # named (a client hook raised, a reply that breaks the contract): as it is
+            answer = _named(exc)
         except Exception:
-            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
-    conn.close()
+            answer = pickle.dumps(("error", traceback.format_exc()))
+        conn.send_bytes(answer)
+
+
+def _named(exc: FedblendError) -> bytes:
+    """The answer that carries a named error to the parent, which raises it as it is (one that does not survive
+    pickling, as its type and message)."""
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - an exception type that cannot be rebuilt: its text is what matters
+        return pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+    return pickle.dumps(("named", blob))
 
 
 class ProcessBackend(Backend):
@@ -154,8 +180,8 @@ class ProcessBackend(Backend):
             if not idx:
                 continue
             status, payload = pickle.loads(self._receive(w))
-            if status == "message":  # a reply that breaks the contract: the same error as in process, raised
-                named.append(payload)  # once every worker's answer is read (none is left in a pipe)
+            if status == "named":  # a client hook that raised, a reply that breaks the contract: the same error as
+                named.append(pickle.loads(payload))  # in process, raised once every worker's answer is read
                 continue
             if status != "ok":
                 errors.append(f"worker {w}: {payload}")
@@ -163,10 +189,11 @@ class ProcessBackend(Backend):
             for i, blob in zip(idx, payload):
                 out[i] = _unpack_result(blob)
                 self.finished(jobs[i])
-        if errors:
-            raise RuntimeError("a client failed in a worker process:\n" + "\n".join(errors))
         if named:
-            raise MessageError(named[0])
+            raise named[0]
+        if errors:
+            more = f"\n(and {len(errors) - 1} more worker(s) failed)" if len(errors) > 1 else ""
+            raise RuntimeError(f"a client failed in a worker process: {errors[0]}{more}")
         return out  # type: ignore[return-value]
 
     def _receive(self, w: int, starting: bool = False) -> bytes:

@@ -22,6 +22,7 @@ import torch
 
 from fedblend.common.codec import to_device
 from fedblend.common.errors import MessageError
+from fedblend.common.guard import check_returned, method_guard, returned_wrong
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalSpec, evaluate_params
@@ -36,11 +37,17 @@ from fedblend.core.method import (
     same_tensors,
     train_now,
 )
-from fedblend.core.replies import check_is_message, where_reply
+from fedblend.core.replies import check_is_message, model_errors, where_reply
 from fedblend.core.training import TrainResult, TrainSpec
 from fedblend.data.federated import ClientData
 
 EVALUATE = "evaluate"
+
+
+def _eval_hook(method: Method) -> str:
+    """The hook a failure of the evaluated model is named after: ``evaluate`` where the method gives its own
+    :class:`EvalSpec`, else ``eval_params`` (what a method that scores a plain model overrides)."""
+    return "evaluate" if type(method).evaluate is not Method.evaluate else "eval_params"
 
 
 @dataclass
@@ -100,7 +107,8 @@ class ClientRuntime:
         ctx, state = self.begin(job)
         if job.phase == EVALUATE:
             return ClientResult(self.evaluate(job.msg, state, ctx), None, {})
-        out = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
+        with method_guard(self.method, "client_step", job.rnd, job.cid, self.run.model):
+            out = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
         reply, state = returned_pair(out, self.method.label, job)
         ctx.stats["client_seconds"] = time.perf_counter() - t0
         return ClientResult(reply, state, ctx.stats)
@@ -109,14 +117,28 @@ class ClientRuntime:
         """The job's client context and the client's state (initialised on the client at first contact): how
         every runtime (this one's :meth:`handle`, the vmap backend's lock-step driver) starts a job."""
         ctx = self.ctx(job.cid, job.rnd, job.phase)
-        return ctx, (job.state if job.state is not None else to_device(self.method.init_client(ctx), ctx.run.device))
+        if job.state is not None:
+            return ctx, job.state
+        with method_guard(self.method, "init_client", job.rnd, job.cid):
+            state = check_returned(self.method.init_client(ctx), dict, "the client state (a dict)", self.method,
+                                   "method", "init_client", job.rnd, job.cid)
+        return ctx, to_device(state, ctx.run.device)
 
     def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[EvalSpec, Params | None, tuple]:
         """The client's personalized model (``method.evaluate``: an :class:`EvalSpec`), the global model if the
         message carries one, and the evaluation data ``(x, y)`` of the split ``msg.config["split"]``."""
         split = msg.config.get("split", "test")
-        with torch.enable_grad():  # methods may fine-tune or blend before evaluating
-            spec = self.method.evaluate(msg, state, ctx)
+        hook = _eval_hook(self.method)
+        with torch.enable_grad(), method_guard(self.method, hook, ctx.rnd, ctx.cid, ctx.model):
+            spec = self.method.evaluate(msg, state, ctx)  # (methods may fine-tune or blend before evaluating)
+        if not isinstance(spec, EvalSpec):
+            returned_wrong(self.method, "method", hook, f"a {type(spec).__name__}, not an EvalSpec", ctx.rnd, ctx.cid)
+        # a partial or misshapen model would be scored with the model's initial weights filling in (a spec with its
+        # own forward may carry more, e.g. DBE's bias: that forward reads what it needs)
+        bad = model_errors(spec.params, self.run.init_params) if spec.forward is None else []
+        if bad:
+            returned_wrong(self.method, "method", hook, "parameters that are not the model's ("
+                           + "; ".join(bad) + ")", ctx.rnd, ctx.cid)
         return spec, msg.arrays.get("global"), (getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y"))
 
     @torch.no_grad()
@@ -125,10 +147,11 @@ class ClientRuntime:
         evaluation split: correct, summed loss and count of each."""
         bs = int(msg.config.get("batch_size", 2048))
         spec, glob, (x, y) = self.eval_models(msg, state, ctx)
-        own = evaluate_params(ctx.model, spec, x, y, bs)
-        metrics = own.to_metrics()
-        if glob is not None:
-            same = spec.forward is None and same_tensors(spec.params, glob)
-            other = own if same else evaluate_params(ctx.model, glob, x, y, bs)
-            metrics.update(other.to_metrics(GLOBAL_PREFIX))
+        with method_guard(self.method, "evaluate", ctx.rnd, ctx.cid, ctx.model):  # (a plug-in model's forward)
+            own = evaluate_params(ctx.model, spec, x, y, bs)
+            metrics = own.to_metrics()
+            if glob is not None:
+                same = spec.forward is None and same_tensors(spec.params, glob)
+                other = own if same else evaluate_params(ctx.model, glob, x, y, bs)
+                metrics.update(other.to_metrics(GLOBAL_PREFIX))
         return Message(metrics=metrics)

@@ -54,6 +54,7 @@ import torch
 
 from fedblend.common.codec import to_device
 from fedblend.common.errors import DivergedError, MessageError, NonFiniteError
+from fedblend.common.guard import check_returned, method_guard, returned_wrong
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.backends import SequentialBackend
@@ -62,7 +63,7 @@ from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntim
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.message import Message, channel_errors, first_nonfinite, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ClientCtx, Method, RunInfo, ServerCtx, State, server_tree
-from fedblend.core.replies import check_is_message, check_reply
+from fedblend.core.replies import check_is_message, check_reply, model_errors, reply_errors
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
 from fedblend.core.training import TrainConfig
@@ -122,14 +123,18 @@ class Simulation:
         model.requires_grad_(False)
         protocol = protocol or EvalProtocol()
         method = method.evaluating(protocol.model)  # [eval] model: which of the method's models is evaluated
-        method.check_model(model)
+        with method_guard(method, "check_model"):
+            method.check_model(model)
         run = RunInfo(model=model, init_params=model_params(model), train=train, num_clients=fed.num_clients,
                       rounds=rounds, seed=seed, device=str(device))
         fed = fed.to(device)  # client data moved once, not per batch
         sim = cls(method, fed, run, sampling or SamplingConfig(), protocol, {},
                   store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite,
                   on_divergence=on_divergence, divergence_factor=divergence_factor)
-        sim.server = to_device(method.init_server(sim.sctx(0)), run.device)
+        with method_guard(method, "init_server"):
+            server = check_returned(method.init_server(sim.sctx(0)), dict, "the server state (a dict)", method,
+                                    "method", "init_server")
+        sim.server = to_device(sim._checked_server(server, "init_server", None), run.device)
         return sim
 
     @property
@@ -181,12 +186,35 @@ class Simulation:
             what = f"client {cid}'s {phase} reply" if reply else f"the server's {phase} message to client {cid}"
             raise MessageError(f"{self.method.label}: {what} breaks the message channels:\n  " + "\n  ".join(errors))
 
+    def _check_sent(self, msg: Message, hook: str, cid: int, t: int) -> None:
+        """Refuse a message of the server half whose parameter records break the reply contract's rules for
+        parameters (:mod:`fedblend.core.replies`: a model parameter's name, shape, floating dtype): named as the
+        ``hook`` that made it, not as the client's training failing on it."""
+        traits = self.method.traits
+        bad = [e for e in reply_errors(msg, self.run_info.init_params, traits.param_records, traits.extra_entries)
+               if not e.startswith("metrics[")]
+        if bad:
+            returned_wrong(self.method, "method", hook, "a message that does not fit the model (" + "; ".join(bad)
+                           + ")", t, cid)
+
     def _check_reply(self, reply: Message, phase: str, cid: int, t: int) -> None:
         """Refuse a training reply that breaks the reply contract (:mod:`fedblend.core.replies`): parameters of the
         wrong shape or dtype, names the model does not have, a ``num_samples`` that is no positive number."""
         traits = self.method.traits
         check_reply(reply, self.method.label, cid, t, phase, self.run_info.init_params, traits.param_records,
                     traits.extra_entries, self.fed.clients[cid].num_train)
+
+    def _checked_server(self, server: State, hook: str, t: int | None) -> State:
+        """``server`` (what the method's ``hook`` returned), refused where its global model (where the method has
+        one) is not a whole model of the run's names, shapes and floating dtypes: a shape or name that is off
+        would reach every client (or fill in from the initial weights) instead of being named where it is made."""
+        with method_guard(self.method, hook, t):
+            glob = self.method.global_params(server)
+        bad = [] if glob is None else model_errors(glob, self.run_info.init_params)
+        if bad:
+            returned_wrong(self.method, "method", hook, "a server state whose global model is not the model's ("
+                           + "; ".join(bad) + ")", t)
+        return server
 
     def close(self) -> None:
         """Stop the backend (worker processes); the simulation can be started again."""
@@ -214,12 +242,17 @@ class Simulation:
         self._alarms = []
 
         def exchange(phase: str, cids: list[int]) -> dict[int, Message]:
-            msgs = {cid: self.method.configure(phase, self.server, cid, sctx) for cid in cids}
+            msgs = {}
+            for cid in cids:
+                with method_guard(self.method, "configure", t, cid):
+                    msgs[cid] = check_returned(self.method.configure(phase, self.server, cid, sctx), Message,
+                                               "a Message", self.method, "method", "configure", t, cid)
             if self.protocol.before_after:
                 for m in msgs.values():
                     m.config[BEFORE_AFTER] = self.protocol.split
             for cid in cids:
                 self._check_channels(msgs[cid], phase, cid, reply=False)
+                self._check_sent(msgs[cid], "configure", cid, t)
             results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
             replies = {}
             for cid, res in zip(cids, results):
@@ -242,12 +275,18 @@ class Simulation:
 
         def aggregate(phase: str, replies: dict[int, Message]) -> None:
             if replies:  # every reply skipped as non-finite: the server keeps its state
-                self.server = to_device(self.method.aggregate(phase, self.server, replies, sctx), self.run_info.device)
+                with method_guard(self.method, "aggregate", t):
+                    server = check_returned(self.method.aggregate(phase, self.server, replies, sctx), dict,
+                                            "the new server state (a dict)", self.method, "method", "aggregate", t)
+                self.server = to_device(self._checked_server(server, "aggregate", t), self.run_info.device)
 
         answered: dict[str, int] = {}  # replies received per phase
         refused: dict[str, int] = {}  # of them skipped as non-finite
 
-        phases = self.method.phases(sctx)
+        with method_guard(self.method, "phases", t):
+            phases = self.method.phases(sctx)
+            if not (isinstance(phases, (list, tuple)) and phases and all(isinstance(p, str) for p in phases)):
+                check_returned(phases, (), "a non-empty tuple of phase names", self.method, "method", "phases", t)
         if self.on_client is not None:
             self.on_client("train", len(selected) * len(phases))
         active = list(selected)  # a later phase goes to the clients whose reply the phase before accepted
@@ -394,7 +433,9 @@ class Simulation:
         for lo in range(0, len(cids), EVAL_CHUNK):
             jobs = []
             for cid in cids[lo : lo + EVAL_CHUNK]:
-                msg = self.method.configure_evaluate(self.server, cid, sctx)
+                with method_guard(self.method, "configure_evaluate", t, cid):
+                    msg = check_returned(self.method.configure_evaluate(self.server, cid, sctx), Message, "a Message",
+                                         self.method, "method", "configure_evaluate", t, cid)
                 msg.config.update(config)
                 self._check_channels(msg, EVALUATE, cid, reply=False)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))

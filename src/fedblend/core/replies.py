@@ -96,3 +96,29 @@ def _what(value: Any) -> str:
 def _names(model: Mapping[str, Any]) -> str:
     names = list(model)
     return ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+
+
+def model_errors(params: Any, model: Mapping[str, torch.Tensor]) -> list[str]:
+    """What keeps ``params`` from being a whole model like ``model`` (name -> tensor): not a dict of tensors, a
+    parameter missing (the model's own initial weights would be used in its place, silently) or extra, a shape
+    that differs or a dtype that is not floating; one line per finding."""
+    if not isinstance(params, Mapping):
+        return [f"it is {_what(params)}, not a dict of the model's parameters"]
+    errors = []
+    missing = [n for n in model if n not in params]
+    extra = [n for n in params if n not in model]
+    if missing:
+        errors.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    if extra:
+        errors.append(f"{', '.join(map(str, extra[:4]))}{' ...' if len(extra) > 4 else ''} not in the model "
+                      f"(it has {_names(model)})")
+    for name, t in params.items():
+        if name not in model:
+            continue
+        if not isinstance(t, torch.Tensor):
+            errors.append(f"{name!r} is {_what(t)}, not a tensor")
+        elif tuple(t.shape) != tuple(model[name].shape):
+            errors.append(f"{name!r} has shape {_shape(t)}, the model's is {_shape(model[name])}")
+        elif not t.is_floating_point():
+            errors.append(f"{name!r} has dtype {t.dtype}: model parameters are floating point")
+    return errors

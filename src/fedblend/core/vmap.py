@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
+from fedblend.common.guard import method_guard
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime, returned_pair
@@ -291,13 +292,15 @@ class VmapBackend(Backend):
                 continue
             t0 = time.perf_counter()
             ctx, state = self.runtime.begin(job)
-            gen = self.method.client_step(job.phase, job.msg, state, ctx)
+            with method_guard(self.method, "client_step", job.rnd, job.cid):
+                gen = self.method.client_step(job.phase, job.msg, state, ctx)
             self._advance(i, ctx, gen, None, time.perf_counter() - t0, live, out, first=True)
         while live:
             groups: dict[tuple, list[int]] = {}
-            for i, (_, _, spec, _) in live.items():
-                key = _signature(spec) if batchable(spec) else ("single", i)
-                groups.setdefault(key, []).append(i)
+            for i, (ctx, _, spec, _) in live.items():
+                with method_guard(self.method, "client_step", ctx.rnd, ctx.cid):  # the spec is the method's
+                    key = _signature(spec) if batchable(spec) else ("single", i)
+                    groups.setdefault(key, []).append(i)
             for key, idx in groups.items():
                 specs = [live[i][2] for i in idx]
                 ctxs = [live[i][0] for i in idx]
@@ -308,11 +311,13 @@ class VmapBackend(Backend):
                 else:
                     self._count("vmap_batched_specs", len(idx))
                 g0 = time.perf_counter()
-                if key[0] == "single":
-                    res = [train_now(specs[0], ctxs[0])]
-                else:
-                    res = batched_sgd(self.run_info.model, specs, [c.data for c in ctxs],
-                                      [c.tree.torch(s.stream) for c, s in zip(ctxs, specs)], self.run_info.train)
+                # a spec's loss terms and forward are the method's code (and the model's), run here for its clients
+                with method_guard(self.method, "client_step", ctxs[0].rnd, [c.cid for c in ctxs], self.run_info.model):
+                    if key[0] == "single":
+                        res = [train_now(specs[0], ctxs[0])]
+                    else:
+                        res = batched_sgd(self.run_info.model, specs, [c.data for c in ctxs],
+                                          [c.tree.torch(s.stream) for c, s in zip(ctxs, specs)], self.run_info.train)
                 share = (time.perf_counter() - g0) / len(idx)  # each client's part of the batched work
                 for i, r in zip(idx, res):
                     ctx, gen, _, spent = live.pop(i)
@@ -364,7 +369,8 @@ class VmapBackend(Backend):
         """Send the last result into the client's generator; keep its next spec pending, or collect its reply."""
         t0 = time.perf_counter()
         try:
-            spec = next(gen) if first else gen.send(result)
+            with method_guard(self.method, "client_step", ctx.rnd, ctx.cid, self.run_info.model):
+                spec = next(gen) if first else gen.send(result)
             live[i] = (ctx, gen, spec, spent + time.perf_counter() - t0)
         except StopIteration as stop:
             reply, state = returned_pair(stop.value, self.method.label, self._jobs[i])

@@ -32,6 +32,7 @@ import numpy as np
 
 from fedblend.common import plugins
 from fedblend.common.errors import DataError, FedblendError
+from fedblend.common.guard import plugin_guard
 from fedblend.common.optional import require
 from fedblend.data.raw import RawDataset
 from fedblend.data.synthetic import SIZES as SYNTHETIC
@@ -384,7 +385,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download:
     require_packages(name)
     folder = resolve_data_dir(data_dir)
     try:
-        raw = DATASETS[name](folder, download)
+        with plugin_guard(DATASETS[name], "dataset", "load", name=name):  # a plug-in's loader: named when it raises
+            raw = DATASETS[name](folder, download)
     except FedblendError:
         raise
     except (OSError, ValueError, EOFError, KeyError, tarfile.TarError, pickle.UnpicklingError) as exc:

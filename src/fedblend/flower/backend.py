@@ -41,7 +41,7 @@ from typing import Any
 
 from flwr.app import Message as FlowerMessage
 
-from fedblend.common.errors import FedblendError
+from fedblend.common.errors import FedblendError, HookError
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.client import EVALUATE, ClientJob, ClientResult
@@ -249,6 +249,9 @@ class FlowerBackend(Backend):
         if r is None:
             self._fault("the node's reply has no result for this client", node=nid, clients=[job.cid])
             return None
+        if not r.get("ok") and r.get("hook_error"):  # a client hook raised on the node: named, the run stops
+            message, plugin, hook, rnd, cid = r["hook_error"]
+            raise HookError(f"{message} (on node {nid})", plugin, hook, rnd, cid)
         if not r.get("ok"):
             self._fault(f"client failed on its node: {r.get('error')}", node=nid, clients=[job.cid])
             return None

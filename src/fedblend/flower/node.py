@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import decode, encode
+from fedblend.common.errors import HookError
 from fedblend.common.rng import SeedTree
 from fedblend.config import RunConfig, config_from_dict
 from fedblend.core.client import EVALUATE, ClientJob, ClientRuntime
@@ -134,6 +135,8 @@ class Node:
                 out.append({"cid": j.get("cid"), "ok": False,
                             "error": f"{type(exc).__name__}: {exc}",
                             "trace": traceback.format_exc(limit=3)})
+                if isinstance(exc, HookError):  # the plug-in's fault, not the node's: the server stops the run
+                    out[-1]["hook_error"] = [str(exc), exc.plugin, exc.hook, exc.round, exc.client]
         return out
 
     def _one(self, j: dict, keep: int, states: Any) -> dict:

@@ -35,6 +35,7 @@ from torch import nn
 
 from fedblend.common import plugins
 from fedblend.common.errors import ConfigError
+from fedblend.common.guard import plugin_guard
 from fedblend.common.params import Params, layer_of
 
 
@@ -229,8 +230,8 @@ def build_model(name: str, info: dict, generator: torch.Generator | None = None)
     if find_model(name) is None:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}, a plug-in's entry point (group "
                          f"fedblend.models) or 'package.module:Class'")
-    with torch.random.fork_rng(devices=[]):  # module constructors draw from the global RNG: keep it untouched
-        model = MODELS[name](info)
+    with torch.random.fork_rng(devices=[]), plugin_guard(MODELS[name], "model", "__init__", name=name):
+        model = MODELS[name](info)  # (module constructors draw from the global RNG: keep it untouched)
     if not isinstance(model, FedModel):
         raise plugins.PluginError(f"model plug-in {name!r} built a {type(model).__name__}, not a "
                                   f"fedblend.models.zoo.FedModel (layers, head_layers, features(), head())")
