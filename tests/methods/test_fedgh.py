@@ -62,3 +62,22 @@ def test_fedgh_server_momentum_is_state_and_resumes(tiny_fed, tmp_path):
     assert same_state(twin.server, sim.server)
     sim.run(), twin.run()
     assert without_timings(sim.history) == without_timings(twin.history)
+
+
+def test_fedgh_header_start_client0_trains_on_from_client0s_trained_header(tiny_fed):
+    """``header_start = "client0"`` (PFLlib's server header is client 0's head module): client 0 uploads its
+    trained header and the server's header training starts from it; the other clients upload prototypes only."""
+    sim = tiny_sim(tiny_fed, "fedgh", {"header_start": "client0"}, rounds=2, seed=0)
+    plain = tiny_sim(tiny_fed, "fedgh", rounds=2, seed=0)
+    head_names = sorted(sim.model.head_names())
+    replies = {cid: run_client(sim, cid, train_message(sim, cid)).reply for cid in range(sim.fed.num_clients)}
+    assert sorted(replies[0].params("header")) == head_names
+    assert all(set(r.arrays) == {"protos"} for cid, r in replies.items() if cid != 0)
+    sent = sim.server["header"]
+    assert not same_state(replies[0].params("header"), sent)  # client 0's training moved its header
+    assert same_state(sim.method._start_header(sim.server, replies), replies[0].params("header"))
+    without0 = {cid: r for cid, r in replies.items() if cid != 0}
+    assert same_state(sim.method._start_header(sim.server, without0), sent)
+    assert same_state(plain.method._start_header(plain.server, replies), plain.server["header"])
+    sim.run_round(), plain.run_round()
+    assert not same_state(sim.server["header"], plain.server["header"])

@@ -21,6 +21,12 @@ Only prototypes go up and only the header comes down. The reported personalized 
 client predicts with: its own feature extractor after its last local training with the current global header
 (``[eval] model = "header"``, default; PFLlib evaluates right after sending the header to every client);
 ``"local"`` keeps the header the client trained itself.
+
+``header_start = "client0"`` reproduces a property of PFLlib's FedGH (``servergh.py``): its server header *is*
+client 0's head module (``self.head = self.clients[0].model.head``), so client 0's local training moves the
+server's header every round, and the server trains on from client 0's trained header instead of the header it
+sent. Under that option client 0 uploads its trained header with its prototypes (the only parameter upload of
+the method; a reference-reproduction option, off by default: the paper's server trains the header it holds).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, select
 from fedblend.core.method import ClientCtx, Message, ServerCtx, State
 from fedblend.core.optim import sgd_direction
+from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
 
 HEADER = "header"  # message record: the global header's parameters
@@ -48,6 +55,7 @@ HEADER = "header"  # message record: the global header's parameters
 class FedGHOptions:
     """FedGH options (server-side header training; the paper's objective, PFLlib's batching)."""
 
+    CHOICES: ClassVar[dict] = {"header_start": ("server", "client0")}
     RANGES: ClassVar[dict] = {"server_lr": "> 0", "server_epochs": "[1, 10000]", "server_batch_size": "[1, 1000000]",
                               "server_momentum": "[0, 1)"}
 
@@ -55,6 +63,9 @@ class FedGHOptions:
     server_epochs: int = opt(1, "passes over the round's uploaded (LAR, label) pairs")
     server_batch_size: int | None = opt(None, "None: the clients' batch size (PFLlib)")
     server_momentum: float = opt(0.0, "SGD momentum of the header (buffer kept in the server state)")
+    header_start: str = opt("server", '"server": the server trains the header it holds (paper); "client0": from '
+                            "client 0's locally trained header when client 0 trained this round (PFLlib: its server "
+                            "header is client 0's head module)")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -124,7 +135,7 @@ class FedGH(PrototypeUpload):
                 labels.append(int(c))
         if not labels:
             return server
-        head = server["header"]
+        head = self._start_header(server, replies)
         bs = self.opts.server_batch_size or sctx.run.train.batch_size
         head, buf, loss = train_header(sctx.model, head, torch.stack(feats), torch.tensor(labels, device=sctx.run.device),
                                        self.opts, bs, sctx.tree.torch("header"), server.get("header_momentum"))
@@ -134,7 +145,22 @@ class FedGH(PrototypeUpload):
             out["header_momentum"] = buf
         return out
 
+    def _start_header(self, server: State, replies: Mapping[int, Message]) -> Params:
+        """The header the server trains this round: its own, or (``header_start = "client0"``) client 0's trained
+        one when client 0 replied with it."""
+        if self.opts.header_start == "client0" and 0 in replies and HEADER in replies[0].arrays:
+            return clone(replies[0].params(HEADER))
+        return server["header"]
+
     # ------------------------------------------------------------------------------------------ client
+    def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
+        """The prototypes (:class:`PrototypeUpload`); with ``header_start = "client0"`` client 0 adds its
+        trained header."""
+        out = super().reply(res, msg, cstate, ctx)
+        if self.opts.header_start != "client0" or ctx.cid != 0:
+            return out
+        return Message({**out.arrays, HEADER: select(res.params, ctx.model.head_names())}, out.metrics)
+
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Header substitution: the client's own feature extractor with the received global header."""
         return {**cstate["params"], **msg.params(HEADER)}
