@@ -152,3 +152,20 @@ def test_library_logging_shows_on_the_command_line_and_quiet_hides_it(tmp_path, 
     assert "fedblend: resuming" in capsys.readouterr().err
     assert main(["run", *loud, "--set", "rounds=4", "--resume", "--quiet"]) == 0
     assert "resuming" not in capsys.readouterr().err
+
+
+def test_methods_name_lists_its_eval_model_choices_default_first(capsys):
+    """``fedblend methods NAME`` shows the ``[eval] model`` choices the method offers, its default first, for every
+    built-in method (as the method itself reports them)."""
+    from fedblend.algorithms import METHODS
+    from fedblend.algorithms.registry import build_method
+
+    for name in sorted(METHODS):
+        assert main(["methods", name]) == 0
+        out = capsys.readouterr().out
+        part = out[out.index("[eval] model"):]
+        listed = [ln.strip().strip("'") for ln in part.splitlines()[1:] if ln.startswith("  '")]
+        assert listed == list(build_method(name).eval_choices()), name
+    assert main(["methods", "fedgh"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("'header'") < out.index("'local'")

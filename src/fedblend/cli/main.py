@@ -568,6 +568,12 @@ def _method_help(name: str) -> str:
             lines += [f"      {ln}" for ln in textwrap.wrap(helps[f.name], 100)]
     if not dataclasses.fields(opts):
         lines.append("  (none)")
+    if key in METHODS:  # which of its models a run evaluates: [eval] model (the first is the default)
+        from fedblend.algorithms.registry import build_method
+
+        lines += ["", "[eval] model (which model the personalized accuracy scores; the first is the default):"]
+        for choice, what in build_method(key).eval_choices().items():
+            lines += [f"  {choice!r}"] + [f"      {ln}" for ln in textwrap.wrap(what, 100)]
     return "\n".join(lines).replace("`", "") + "\n"
 
 
