@@ -1,0 +1,142 @@
+"""The verdict rule of the second validation setting (docs/validation-2.md, issue #51), stated before its runs and
+applied here, not in prose.
+
+Inputs per method: fedblend's runs (one per seed, ``{round: accuracy in %}``) and the reference's runs (its own
+repetitions, same form). The rule:
+
+1. **Curve**: at each round ``r`` of :data:`ROUNDS`, ``d(r) = m_F(r) - m_R(r)`` (means over each side's runs) and
+   ``se(r) = sqrt(s_F(r)^2 / n_F + s_R(r)^2 / n_R)`` (sample standard deviations); the curves agree when
+   ``|d(r)| <= 2 se(r) + FLOOR`` at at least :data:`INSIDE` of those rounds.
+2. **Ordering**: for each anchor (Local, FedAvg), the method's final accuracy minus the anchor's has the same sign
+   on both sides, or lies within :data:`TIE` points of zero on at least one side.
+
+"Final accuracy": the mean over :data:`FINAL` (rounds 18-20). The paired table (each method against Local and
+FedAvg-FT, paired by seed) is :func:`paired`: mean difference and its 95 % t-interval.
+
+    python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scipy import stats
+
+Curve = Mapping[int, float]  # round -> accuracy (%)
+
+ROUNDS = tuple(range(10, 21))
+INSIDE = 9
+FLOOR = 0.5
+TIE = 1.0
+FINAL = (18, 19, 20)
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def final(curve: Curve) -> float:
+    """The mean accuracy over :data:`FINAL` (a run missing one of those rounds is an error, not a shorter mean)."""
+    missing = [r for r in FINAL if r not in curve]
+    if missing:
+        raise ValueError(f"a run without round(s) {missing}: the final accuracy needs rounds {list(FINAL)}")
+    return statistics.fmean(curve[r] for r in FINAL)
+
+
+@dataclass(frozen=True)
+class CurveAgreement:
+    inside: int  # rounds of ROUNDS with |d| <= 2 se + FLOOR
+    d_last: float  # d at the last round of ROUNDS
+    agrees: bool
+
+
+def curve_agreement(ours: Sequence[Curve], theirs: Sequence[Curve]) -> CurveAgreement:
+    """Rule 1 over :data:`ROUNDS` (every run must have every one of them)."""
+    inside, d = 0, 0.0
+    for r in ROUNDS:
+        (mf, sf), (mr, sr) = _mean_sd([c[r] for c in ours]), _mean_sd([c[r] for c in theirs])
+        d = mf - mr
+        se = math.sqrt(sf ** 2 / len(ours) + sr ** 2 / len(theirs))
+        inside += abs(d) <= 2 * se + FLOOR
+    return CurveAgreement(inside, d, inside >= INSIDE)
+
+
+def same_ordering(method_ours: Sequence[Curve], anchor_ours: Sequence[Curve], method_theirs: Sequence[Curve],
+                  anchor_theirs: Sequence[Curve]) -> tuple[float, float, bool]:
+    """Rule 2 for one anchor: (our gap, their gap, whether the rule holds); gaps are mean final accuracies."""
+    ours = statistics.fmean(map(final, method_ours)) - statistics.fmean(map(final, anchor_ours))
+    theirs = statistics.fmean(map(final, method_theirs)) - statistics.fmean(map(final, anchor_theirs))
+    holds = (ours > 0) == (theirs > 0) or min(abs(ours), abs(theirs)) <= TIE
+    return ours, theirs, holds
+
+
+def paired(method: Mapping[int, Curve], anchor: Mapping[int, Curve], level: float = 0.95
+           ) -> tuple[float, float, float, int]:
+    """Method minus anchor, paired by seed (``{seed: curve}``, the seeds both have): mean of the final-accuracy
+    differences and its ``level`` t-interval; ``(mean, low, high, n)`` (an interval of nan for one seed)."""
+    seeds = sorted(set(method) & set(anchor))
+    diffs = [final(method[s]) - final(anchor[s]) for s in seeds]
+    if not diffs:
+        raise ValueError("no seed in common: nothing to pair")
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return mean, math.nan, math.nan, 1
+    half = stats.t.ppf(0.5 + level / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half, len(diffs)
+
+
+# ------------------------------------------------------------------------------------------------ reading runs
+def fedblend_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
+    """``{seed: curve}`` of the finished runs ``folder/seed*/`` (accuracy in %)."""
+    out = {}
+    for run in sorted(folder.glob("seed*")):
+        summary = json.loads((run / "summary.json").read_text())
+        if summary.get("status") != "finished":
+            continue
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        out[int(run.name.removeprefix("seed"))] = {m["round"]: 100 * m[key] for m in rows if key in m}
+    return out
+
+
+def reference_curves(path: Path) -> list[Curve]:
+    """The reference's runs from ``reference.json``: ``runs`` = one list of per-round accuracies (fractions,
+    round 1 first) per repetition."""
+    ref = json.loads(path.read_text())
+    return [{i + 1: 100 * a for i, a in enumerate(run)} for run in ref["runs"]]
+
+
+def verdict_rows(root: Path) -> list[str]:
+    """One markdown row per method folder under ``root`` that has both sides (``fedblend/seed*``,
+    ``reference.json``) and whose anchors (``local/``, ``fedavg/``) have both sides too."""
+    anchors = {a: (list(fedblend_curves(root / a / "fedblend").values()), reference_curves(root / a / "reference.json"))
+               for a in ("local", "fedavg") if (root / a / "reference.json").exists()}
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if (p / "reference.json").exists()):
+        ours, theirs = list(fedblend_curves(folder / "fedblend").values()), reference_curves(folder / "reference.json")
+        if not ours or len(anchors) < 2:
+            continue
+        c = curve_agreement(ours, theirs)
+        orders = [same_ordering(ours, a_ours, theirs, a_theirs) for a_ours, a_theirs in anchors.values()]
+        ok = c.agrees and all(o[2] for o in orders)
+        cells = [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in orders]
+        rows.append(f"| {folder.name} | {len(ours)} / {len(theirs)} | {c.d_last:+.2f} | {c.inside} of {len(ROUNDS)} "
+                    f"| {cells[0]} | {cells[1]} | **{'agrees' if ok else 'differs'}** |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path((argv or sys.argv[1:] or ["results/validation-2"])[0])
+    print("| method | runs (fedblend / reference) | d at round 20 | rounds inside the band | vs Local (ours / "
+          "theirs) | vs FedAvg (ours / theirs) | verdict |\n|---|---|---|---|---|---|---|")
+    print("\n".join(verdict_rows(root)) if root.exists() else "")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""bookkeeping/validation2.py: the second validation setting's verdict rule (docs/validation-2.md), on curves made
+by hand so that each clause decides."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.helpers import load_script
+
+
+def _curve(level: float, slope: float = 0.0) -> dict[int, float]:
+    return {r: level + slope * r for r in range(1, 21)}
+
+
+@pytest.fixture(scope="module")
+def v2():
+    return load_script("validation2", "bookkeeping")
+
+
+def test_curve_agreement_counts_rounds_inside_two_standard_errors_plus_the_floor(v2):
+    ours = [_curve(80.0), _curve(82.0), _curve(84.0)]  # mean 82, sd 2 at every round
+    theirs = [_curve(83.0), _curve(83.0), _curve(83.0)]  # mean 83, sd 0
+    c = v2.curve_agreement(ours, theirs)
+    se = math.sqrt(4 / 3)
+    assert 1.0 <= 2 * se + v2.FLOOR and c.inside == 11 and c.agrees and c.d_last == pytest.approx(-1.0)
+    far = [_curve(90.0)] * 3  # identical seeds: only the floor counts, 8 points is outside at every round
+    assert v2.curve_agreement(far, theirs).inside == 0 and not v2.curve_agreement(far, theirs).agrees
+    # a gap that opens late: inside at rounds 10-17 (8), outside at 18-20 -> fewer than 9 -> differs
+    late = [{**_curve(83.0), 18: 90.0, 19: 90.0, 20: 90.0}] * 3
+    assert v2.curve_agreement(late, theirs).inside == 8 and not v2.curve_agreement(late, theirs).agrees
+
+
+def test_same_ordering_needs_the_same_sign_unless_one_side_is_a_tie(v2):
+    up, down, tied = [_curve(90.0)], [_curve(80.0)], [_curve(85.5)]
+    anchor = [_curve(85.0)]
+    assert v2.same_ordering(up, anchor, up, anchor)[2]
+    assert not v2.same_ordering(up, anchor, down, anchor)[2]  # +5 here, -5 there
+    ours, theirs, holds = v2.same_ordering(up, anchor, tied, anchor)
+    assert (ours, theirs, holds) == (pytest.approx(5.0), pytest.approx(0.5), True)  # within 1 point there: a tie
+
+
+def test_paired_interval_is_the_t_interval_of_the_per_seed_differences(v2):
+    method = {0: _curve(86.0), 1: _curve(88.0), 2: _curve(87.0), 5: _curve(99.0)}
+    anchor = {0: _curve(85.0), 1: _curve(85.0), 2: _curve(85.0)}  # seed 5 has no partner: left out
+    mean, low, high, n = v2.paired(method, anchor)
+    assert (n, mean) == (3, pytest.approx(2.0))
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, 2 df) x sd 1 / sqrt(3)
+    assert (low, high) == (pytest.approx(2.0 - half), pytest.approx(2.0 + half))
+    assert math.isnan(v2.paired({0: _curve(86.0)}, anchor)[1])
+    with pytest.raises(ValueError, match="round"):
+        v2.final({r: 80.0 for r in range(1, 19)})
+
+
+def test_verdict_rows_read_both_sides_from_results_folders(v2, tmp_path):
+    def side(folder, levels, ref_levels):
+        for seed, level in enumerate(levels):
+            run = folder / "fedblend" / f"seed{seed}"
+            run.mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({"status": "finished"}))
+            (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": (level + 0.0) / 100}) + "\n"
+                                                       for r in range(1, 21)))
+        (folder / "reference.json").write_text(json.dumps({"runs": [[x / 100] * 20 for x in ref_levels]}))
+
+    side(tmp_path / "local", [80, 81, 82], [80, 81, 82])
+    side(tmp_path / "fedavg", [84, 85, 86], [84, 85, 86])
+    side(tmp_path / "fedgh", [88, 89, 90], [88, 89, 90])
+    side(tmp_path / "apple", [79, 80, 81], [88, 89, 90])  # a port that fell to Local's level
+    rows = {r.split("|")[1].strip(): r for r in v2.verdict_rows(tmp_path)}
+    assert "**agrees**" in rows["fedgh"] and "11 of 11" in rows["fedgh"]
+    assert "**differs**" in rows["apple"] and "0 of 11" in rows["apple"]
