@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedblend.algorithms.parts.clustering import clustering_report
+from fedblend.algorithms.fedalp.clustering import clustering_report
 from fedblend.core.checkpoint import FILENAME, load_checkpoint
 
 

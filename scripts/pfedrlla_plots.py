@@ -130,7 +130,7 @@ def group_ratio(e: np.ndarray, labels: list[int]) -> float:
 
 
 def embeddings_plot(run: Path, groups: list[frozenset], out: Path, data_dir: str | None) -> None:
-    from fedblend.algorithms.parts.rl import embedding
+    from fedblend.algorithms.pfedrlla import embedding
     from fedblend.config import load_config
     from fedblend.core.checkpoint import FILENAME, load_checkpoint
     from fedblend.data.federated import dataset_info
@@ -178,7 +178,7 @@ def policy_diagnostics(agent: dict, last: int = 300) -> dict:
     * ``weight_mean``: the actor's mean weight per slot (the last slot is the client's own head).
     """
     from fedblend.algorithms.parts.nets import mlp
-    from fedblend.algorithms.parts.rl.rewards import similarity_target
+    from fedblend.algorithms.pfedrlla.rewards import similarity_target
 
     obs = agent["buffer"]["obs"][-last:].double()
     if obs.shape[0] == 0:
@@ -205,7 +205,7 @@ def critic_slot_gradient(agent: dict, obs: torch.Tensor) -> list[float]:
     """Mean over ``obs`` of ``dQ(s, a) / da`` at the actor's action ``a = mu(s)``, centred over the slots per state:
     the deterministic policy gradient's push on each slot's weight (softmax ignores a shift common to all slots,
     so only the centred part moves the weights). Positive: the critic asks for more weight on that slot."""
-    from fedblend.algorithms.parts.rl import ddpg
+    from fedblend.algorithms.pfedrlla import ddpg
 
     critic = {k: v.double() for k, v in agent["critic"].items()}
     actor = {k: v.double() for k, v in agent["actor"].items()}
@@ -222,7 +222,7 @@ def initial_agent(agent: dict, seed: int) -> dict:
     checkpoint agent's shape. A pre-trained agent was drawn by its pre-training run, with that run's seed."""
     from types import SimpleNamespace
 
-    from fedblend.algorithms.parts.rl.learner import new_agent
+    from fedblend.algorithms.pfedrlla.learner import new_agent
     from fedblend.common.rng import SeedTree
     from fedblend.core.method import server_tree
 
@@ -237,8 +237,8 @@ def replay_updates(agent: dict, opts, seed: int, rounds: int, init_seed: int) ->
     with the run's replay batches (its ``seed``), from the agent that ``init_seed`` draws. With the run's own seed
     (and its thread count) this is the checkpoint's agent bit for bit; another ``init_seed`` changes only the
     initial networks: the same experience, the same batches."""
-    from fedblend.algorithms.parts.rl import ddpg
-    from fedblend.algorithms.parts.rl.learner import agent_updates_due
+    from fedblend.algorithms.pfedrlla import ddpg
+    from fedblend.algorithms.pfedrlla.learner import agent_updates_due
     from fedblend.common.rng import SeedTree
     from fedblend.core.method import server_tree
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from fedblend.algorithms import build_method
 from fedblend.algorithms.ala import ALA
-from fedblend.algorithms.parts.ala_learning import (
+from fedblend.algorithms.ala.learning import (
     ALAOptions,
     ala_names,
     ala_step,

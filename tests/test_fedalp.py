@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedblend.algorithms import build_method
-from fedblend.algorithms.parts.clustering import (
+from fedblend.algorithms.fedalp.clustering import (
     adjusted_rand_index,
     clustering_report,
     cosine_similarity,
@@ -20,7 +20,7 @@ from fedblend.algorithms.parts.clustering import (
     ward_groups,
     ward_linkage,
 )
-from fedblend.algorithms.parts.layer_mix import global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.fedalp.layer_mix import global_from_groups, layer_weights, mix_by_layer
 from fedblend.common.options import ConfigError
 from fedblend.common.params import flatten
 from fedblend.common.rng import SeedTree

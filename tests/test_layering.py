@@ -200,6 +200,49 @@ def test_method_rule_catches_a_method_importing_a_helper_from_another(tmp_path):
                    "extending a class of it"]
 
 
+PARTS = ALGORITHMS + ".parts"
+
+
+def part_users(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """``{part: the methods (top-level modules or packages of algorithms/) that use it}``, directly or through
+    another part; a method package's submodules count as the method."""
+    known = set(modules)
+    deps = {m: imports(p, m, known) for m, p in modules.items()}
+    parts = {m for m in modules if m.startswith(PARTS + ".")}
+
+    def reached(start: set[str]) -> set[str]:
+        seen, todo = set(), [d for d in start if d in parts]
+        while todo:
+            d = todo.pop()
+            if d not in seen:
+                seen.add(d)
+                todo += [e for e in deps[d] if e in parts]
+        return seen
+
+    users: dict[str, set[str]] = {p: set() for p in parts}
+    for m in modules:
+        if not m.startswith(ALGORITHMS + ".") or m.startswith(PARTS) or m == ALGORITHMS + ".registry":
+            continue
+        owner = ".".join(m.split(".")[:3])
+        for d in reached(deps[m]):
+            users[d].add(owner)
+    return users
+
+
+def test_every_part_has_two_or_more_users():
+    """``algorithms/parts/`` holds what several methods share; one method's own code lives in its package."""
+    lonely = {p: sorted(u) for p, u in part_users(all_modules()).items() if len(u) < 2}
+    assert not lonely, f"parts with fewer than two users (move them into the method's package): {lonely}"
+
+
+def test_part_users_rule_catches_a_part_with_one_user(tmp_path):
+    (tmp_path / "solo.py").write_text("X = 1\n")
+    (tmp_path / "m.py").write_text("from fedblend.algorithms.parts.solo import X\n")
+    mods = {**all_modules(), PARTS + ".solo": tmp_path / "solo.py", ALGORITHMS + ".m": tmp_path / "m.py"}
+    assert part_users(mods)[PARTS + ".solo"] == {ALGORITHMS + ".m"}
+    assert part_users(mods)[PARTS + ".mix"] >= {ALGORITHMS + ".ala", ALGORITHMS + ".apfl"}  # ala via its package
+
+
 # ------------------------------------------------------------------------------------------ size and core names
 #: what a module of ``algorithms/`` (a method, a transform, a part) may grow to before it should be split
 MAX_ALGORITHM_LINES = 250

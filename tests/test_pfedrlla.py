@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
-from fedblend.algorithms.parts.rl import ddpg, embedding
 from fedblend.algorithms.pfedrlla import (
     PFedRLLAOptions,
+    ddpg,
+    embedding,
     load_agent,
     reward,
     reward_terms,

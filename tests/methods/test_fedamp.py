@@ -122,7 +122,7 @@ def test_fedamp_ala_later_rounds_start_from_eq4_blend_with_the_learned_weights(t
     """Round 2 on: client i starts from theta_hat = w_i + (u_i - w_i) * W on the top layer (FedALA Eq. 4, W just
     learned, kept in the state), u_i below; that is neither u_i (FedAMP start = "cloud") nor w_i (start =
     "local")."""
-    from fedblend.algorithms.parts.ala_learning import ala_names, blend
+    from fedblend.algorithms.ala.learning import ala_names, blend
     from tests.methods.common import specs_of
 
     sim = tiny_sim(tiny_fed, "fedamp+ala", CONVEX, ALA_ON, rounds=3, seed=0)

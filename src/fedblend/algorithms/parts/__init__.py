@@ -7,10 +7,12 @@
 * :mod:`.features` -- the body's output over a client's data; :mod:`.prototypes` -- class prototypes and the
   base of methods that upload them instead of parameters;
 * :mod:`.nets` -- small functional networks (MLP, LSTM) for server-side learners; :mod:`.hypernet` -- training a
-  hypernetwork by the vector-Jacobian product of its output; :mod:`.rl` -- pFedRLLA's DDPG agent and embedding;
+  hypernetwork by the vector-Jacobian product of its output;
 * :mod:`.ownloop` -- functional losses, gradients and batch streams for methods whose client update is a loop of
-  their own, and :class:`~.ownloop.OwnLoopMethod`;
-* :mod:`.clustering` -- Ward clustering of clients (FedALP).
+  their own, and :class:`~.ownloop.OwnLoopMethod`.
+
+Each part has two or more users; what one method alone uses lives in that method's package
+(``algorithms/pfedrlla/``, ``algorithms/fedalp/``, ``algorithms/ala/``).
 
 Optimizers (SGD, Adam as data) are one level lower, in :mod:`fedblend.core.optim`, because the vmap backend uses
 them too.

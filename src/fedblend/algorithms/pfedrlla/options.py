@@ -1,5 +1,5 @@
 """pFedRLLA's options (the ``[options]`` table of ``pfedrlla``): read by the method
-(:mod:`fedblend.algorithms.pfedrlla`) and by its learner (:mod:`fedblend.algorithms.parts.rl.learner`). Defaults: the
+(:mod:`fedblend.algorithms.pfedrlla`) and by its learner (:mod:`fedblend.algorithms.pfedrlla.learner`). Defaults: the
 paper, then the authors' code (notes) where the paper is silent; ``docs/methods/pfedrlla.md`` lists the choices."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedblend.algorithms.parts.rl import embedding
+from fedblend.algorithms.pfedrlla import embedding
 from fedblend.common.options import ConfigError, opt
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedblend.algorithms.parts.ala_learning import (
+from fedblend.algorithms.ala.learning import (
     ALAOptions,
     ALAResult,
     ala_names,

@@ -5,7 +5,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
 * ``"upload"`` (Alg. 1 line 3): each selected client uploads its current model (its model after its last local
   training; paper Sec. 3: before their first round clients train the initial model locally,
   ``initial_training``) with its data size and ``acc_pre``, the accuracy of that model on its validation split.
-  The server embeds the heads (line 4, :mod:`fedblend.algorithms.parts.rl.embedding`) and, for every selected ``k``,
+  The server embeds the heads (line 4, :mod:`fedblend.algorithms.pfedrlla.embedding`) and, for every selected ``k``,
   forms the agent state ``S_k = [e_k' for k' in K'] + [e_k]`` (Alg. 2 line 3) and the action ``A_k`` (line 4).
 * ``"train"`` (Alg. 1 lines 5-13): the server sends ``k`` its personalized model (Alg. 2):
   body ``Psi_k = rho_k Psi_k + sum_k' rho_k' Psi_k'`` with ``rho = d / (d_k + sum d_k')`` (lines 1-2), head
@@ -13,7 +13,7 @@ Every round (paper Alg. 1) ``K = ceil(cN)`` clients are selected. Two exchanges:
   validation split (``acc_agg``), trains it locally, and replies. The server computes the reward (Eq. 1)
   ``R = b1 r1 + b2 r2 + b3 r3``, ``r1 = exp(acc_agg - acc_tar) - 1``, ``r2 = acc_agg - acc_pre``,
   ``r3 = -||A_k - V_k||^2`` with ``V_k`` of Eq. 2, stores ``(S_k, A_k, R)`` in the replay buffer and, on the
-  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.parts.rl.ddpg`) and the embedding network.
+  schedule, updates the DDPG agent (:mod:`fedblend.algorithms.pfedrlla.ddpg`) and the embedding network.
   ``K'`` (the previous round's participants; first round: ``K' = K``, Alg. 1 footnote) is then replaced by ``K``.
 
 What ``K'`` stores (``storage``): ``"uploads"`` (default, Alg. 1 lines 3 and 9): the models the previous
@@ -27,7 +27,7 @@ There is no global model; a client evaluates its own current model (after its la
 learner state (embedding network, agent, Adam moments, replay buffer) is in the server state; randomness
 (exploration noise, random actions, replay batches, initialisation) comes from the server's seed-tree streams.
 The agent's side (loading a pre-trained agent, embedding, actions, rewards, updates and their schedules) is
-:mod:`fedblend.algorithms.parts.rl.learner`; the options are :mod:`fedblend.algorithms.parts.rl.options`. See
+:mod:`fedblend.algorithms.pfedrlla.learner`; the options are :mod:`fedblend.algorithms.pfedrlla.options`. See
 ``docs/methods/pfedrlla.md`` for paper vs code choices.
 """
 
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from fedblend.algorithms.parts.rl import embedding, learner
-from fedblend.algorithms.parts.rl.agent_file import load_agent, save_agent
-from fedblend.algorithms.parts.rl.options import PFedRLLAOptions
-from fedblend.algorithms.parts.rl.rewards import (
+from fedblend.algorithms.pfedrlla import embedding, learner
+from fedblend.algorithms.pfedrlla.agent_file import load_agent, save_agent
+from fedblend.algorithms.pfedrlla.options import PFedRLLAOptions
+from fedblend.algorithms.pfedrlla.rewards import (
     body_weights,
     head_layers,
     mix,

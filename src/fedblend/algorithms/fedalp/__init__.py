@@ -7,7 +7,7 @@ Phases (paper Algorithm 1 and 2):
 1. **Warm-up** (rounds ``1..T_pre``): plain FedAvg (Eq. 1-2). The server remembers each client's last update
    ``dw_k = (trained model) - (model received)``.
 2. **Clustering and layer weights**, at the end of round ``T_pre`` (Algorithm 2): ``rho = S(dW)`` (Eq. 3-4,
-   :func:`~fedblend.algorithms.parts.clustering.cosine_similarity`); Ward hierarchical clustering of ``rho`` cut into
+   :func:`~fedblend.algorithms.fedalp.clustering.cosine_similarity`); Ward hierarchical clustering of ``rho`` cut into
    ``M`` groups; per group ``D_m = sum_k gamma_k dw_k`` (Eq. 5, within-group data weights, "average gradient of
    the clients within group m", Table 1), ``delta_m^(l) = ||D_m^(l)||_2`` per layer (Eq. 6-7) and
    ``Psi_m = beta * delta_m / max(delta_m)`` (Eq. 8, :func:`layer_weights`). Group models start at the global
@@ -33,54 +33,16 @@ as written; "mixed_start": ``w_m <- W_new + avg dw`` i.e. the mean of the group'
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
-from fedblend.algorithms.parts import clustering
-from fedblend.algorithms.parts.layer_mix import global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.fedalp import clustering
+from fedblend.algorithms.fedalp.layer_mix import global_from_groups, layer_weights, mix_by_layer
+from fedblend.algorithms.fedalp.options import FedALPOptions
 from fedblend.algorithms.registry import register_method
-from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, flatten, unflatten, weighted_average
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
-
-
-@dataclass(frozen=True)
-class FedALPOptions:
-    CHOICES: ClassVar[dict] = {"similarity": ("cosine", "angular"), "linkage_input": ("condensed", "rows"),
-                               "layer_unit": ("layer", "tensor"), "group_update": ("literal", "mixed_start"),
-                               "local_model": ("mixed", "group"), "global_weights": ("members", "participants"),
-                               "step_weights": ("group", "federation")}
-    RANGES: ClassVar[dict] = {"t_pre": "[0, 1000000]", "t_pre_fraction": "(0, 1)", "num_groups": "[1, 100000]", "beta": "[0, 1]",
-                              "recluster_every": "[0, 1000000]"}
-
-    t_pre: int = opt(0, "warm-up rounds T_pre; 0 = round(t_pre_fraction * rounds)")
-    t_pre_fraction: float = opt(0.5, 'paper: T_pre is "typically 40% to 70%" of T')
-    num_groups: int = opt(10, "M (paper silent; 10 = the number of classes / of Fraboni et al.'s clusters)")
-    beta: float = opt(0.6, "personalization factor, paper Table 2 / Fig. 2")
-    similarity: str = opt("cosine", '"cosine": distance 1 - rho; "angular": arccos(rho) (Fraboni et al.\'s code)')
-    linkage_input: str = opt("condensed", '"condensed": Ward on the distance matrix; "rows": rows of the distance '
-                                          'matrix as points (scipy.linkage(square_matrix, "ward") in Fraboni et al.\'s '
-                                          "code)")
-    layer_unit: str = opt("layer", '"layer": one weight per model layer, weight and bias together; "tensor": one per '
-                                   "parameter tensor")
-    group_update: str = opt("literal", '"literal": Alg. 1 line 10 as written; "mixed_start": w_m <- W_new + avg dw, '
-                                       "the mean of the group's trained models")
-    local_model: str = opt("mixed", 'the personalized model evaluated: "mixed" = the group\'s W_new (Eq. 9-10, what '
-                                    'the group server broadcasts); "group" = the raw group model w_m')
-    recluster_every: int = opt(0, "0 = cluster once at T_pre (paper); k > 0 = again every k rounds after T_pre")
-    global_weights: str = opt("members", 'line 11\'s gamma_k: "members" = data of all clients of each group; '
-                                         '"participants" = data of this round\'s participants only (FedAvg\'s gamma '
-                                         "under partial participation; groups without participants get 0). With "
-                                         'group_update = "mixed_start" and beta = 0, "participants" makes FedALP equal '
-                                         "FedAvg exactly also when only some clients join each round.")
-    step_weights: str = opt("group", 'line 10\'s gamma_k: "group" = n_k / (data of the group\'s clients that joined '
-                                     "this round), so the group model takes the group's average update (Table 1: D_m "
-                                     'is the "average gradient" of the group); "federation" = n_k / (data of all K '
-                                     "clients), the same gamma_k as line 11, which scales each group's step by the "
-                                     "joined members' share of the federation's data")
 
 
 # --------------------------------------------------------------------------------------------- the method

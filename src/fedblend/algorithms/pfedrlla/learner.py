@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from fedblend.algorithms.parts.rl import ddpg, embedding
-from fedblend.algorithms.parts.rl.agent_file import AGENT_FIX, AgentFileError, load_agent, shape_mismatch
-from fedblend.algorithms.parts.rl.options import PFedRLLAOptions as Options
-from fedblend.algorithms.parts.rl.rewards import reward, reward_terms, similarity_target
+from fedblend.algorithms.pfedrlla import ddpg, embedding
+from fedblend.algorithms.pfedrlla.agent_file import AGENT_FIX, AgentFileError, load_agent, shape_mismatch
+from fedblend.algorithms.pfedrlla.options import PFedRLLAOptions as Options
+from fedblend.algorithms.pfedrlla.rewards import reward, reward_terms, similarity_target
 from fedblend.common.codec import to_device
 
 State = dict
