@@ -82,3 +82,24 @@ def test_committed_runs_with_the_old_options_load_as_the_same_config_and_resume(
         ck = {"extra": {"identity": {"config": old, "config_hash": config_hash(old),
                                      "threads": torch.get_num_threads()}}}
         check_resume(ck, cfg, path.parent / "checkpoint.pt")
+
+
+def test_an_option_added_after_a_run_was_made_reads_at_its_default_for_resume_and_report_rows():
+    """A run recorded before an option existed (its config lacks the field) is the run the option's default gives:
+    it resumes, and shares a report row, with one that records the default; a non-default value still differs."""
+    import copy
+
+    from fedblend.config import config_diff, load_config, with_new_defaults
+    from fedblend.results.runs import group_key
+
+    now = load_config(None, ["method=fedgh"]).resolved()
+    before = copy.deepcopy(now)
+    del before["options"]["header_start"]
+    assert config_diff(before, now) and not config_diff(with_new_defaults(before), now)
+    other = load_config(None, ["method=fedgh", "options.header_start=client0"]).resolved()
+    assert config_diff(with_new_defaults(before), other) == ["options.header_start: 'server' -> 'client0'"]
+    row = {"method": "fedgh", "run": {"config": now}}
+    assert group_key({"method": "fedgh", "run": {"config": before}}) == group_key(row)
+    assert group_key({"method": "fedgh", "run": {"config": other}}) != group_key(row)
+    plugin = {**before, "method": "pkg.mod:Mine"}  # not registered here: left as recorded
+    assert with_new_defaults(plugin) == plugin

@@ -257,6 +257,28 @@ def migrate_eval(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, found
 
 
+def with_new_defaults(resolved: dict[str, Any]) -> dict[str, Any]:
+    """A recorded resolved config with the method's and transforms' option fields added since it was recorded
+    filled in at their defaults. A new option's default keeps the behaviour runs had before it existed (the
+    project's rule for adding one), so a run made before it resumes, and shares a report row, with runs that record
+    it. Tables of a method or transform not registered here (a plug-in's) are left as they are."""
+    out = dict(resolved)
+    try:
+        base, parts = parse_method(out.get("method", "fedavg"))
+    except (ValueError, PluginError):
+        return out
+    for table, cls in [("options", METHODS.get(base))] + [(p, TRANSFORMS.get(p)) for p in parts]:
+        given = out.get(table, {})
+        if cls is None or not isinstance(given, dict):
+            continue
+        try:
+            defaults = _plain(to_table(from_table(cls.options_cls, {}, table)))
+        except (ConfigError, ValueError, TypeError):  # options without defaults for every field: nothing to add
+            continue
+        out[table] = {**defaults, **given}
+    return out
+
+
 def config_from_dict(raw: dict[str, Any]) -> RunConfig:
     """Validate a raw dict (from TOML and ``--set``) into a :class:`RunConfig`."""
     raw, legacy = migrate_eval(dict(raw))

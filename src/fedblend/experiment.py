@@ -74,6 +74,7 @@ from fedblend.config import (
     config_hash,
     dump_toml,
     migrate_eval,
+    with_new_defaults,
 )
 from fedblend.core.backends import make_backend
 from fedblend.core.checkpoint import FILENAME, load_checkpoint, verify_checkpoint
@@ -191,7 +192,9 @@ def check_resume(ck: dict, cfg: RunConfig, ck_path: Path) -> None:
                                       f"hashes to {config_hash(old['config'])} (the checkpoint was altered); start "
                                       f"again with --force")
     new = cfg.resolved()
-    was = migrate_eval(old["config"])[0]  # a run started before [eval] model: its evaluation options moved there
+    # a run started before [eval] model (its evaluation options moved there) or before an option existed (at its
+    # default, the behaviour the run had)
+    was = with_new_defaults(migrate_eval(old["config"])[0])
     diffs = config_diff(was, new, ignore=RUNTIME_ONLY + ("rounds",))
     if new["rounds"] < old["config"]["rounds"]:
         diffs.append(f"rounds: {old['config']['rounds']!r} -> {new['rounds']!r} (a resumed run can only be "

@@ -18,7 +18,7 @@ from typing import Any
 
 from fedblend.common.errors import ConfigError, UserFileError
 from fedblend.common.jsonio import read_json_object, read_jsonl
-from fedblend.config import config_hash, migrate_eval
+from fedblend.config import config_hash, migrate_eval, with_new_defaults
 from fedblend.results.schema import summary_problems
 
 MARKERS = ("summary.json", "metrics.jsonl")  # a directory holding either is a run (finished or not)
@@ -96,12 +96,14 @@ def group_key(summary: dict) -> tuple[str, str]:
 
 def _same_spelling(cfg: dict) -> dict:
     """``cfg`` with a per-method evaluation option of an older run moved to ``[eval] model``
-    (:func:`fedblend.config.migrate_eval`) and an unset ``model`` left out, so that the seeds of one config made
-    before and after that change share a row."""
+    (:func:`fedblend.config.migrate_eval`), an unset ``model`` left out, and options added since at their defaults
+    (:func:`fedblend.config.with_new_defaults`), so that the seeds of one config made before and after such a
+    change share a row."""
     try:
         cfg, _ = migrate_eval(cfg)
     except ConfigError:
         return cfg
+    cfg = with_new_defaults(cfg)
     ev = cfg.get("eval")
     if isinstance(ev, dict) and ev.get("model") is None:
         cfg = {**cfg, "eval": {k: v for k, v in ev.items() if k != "model"}}
