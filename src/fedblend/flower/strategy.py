@@ -42,7 +42,8 @@ exchange of a round goes through this class:
   one) and the server's round stats with the clients' ``num-examples`` as a ``MetricRecord``. Arrays other than
   the ones it returned become the global model (server-side logic such as server momentum); replies left out are
   not aggregated. :attr:`phase` names the exchange (``"train"`` for most methods; a method with several phases
-  per round aggregates each); a method with a sequential server (FedAPA) aggregates once per client.
+  per round aggregates each); a method with a sequential server (FedAPA, pFedHN, pFedLA with
+  ``options.sequential = true``) aggregates once per client.
 * :meth:`aggregate_evaluate` (Flower's signature): once per evaluated round, the nodes' evaluation replies on the
   protocol's split pooled as the engine pools them (``acc``, ``loss``, the client mean and std, the global model's
   where the method has one). The run's metrics.jsonl is the engine's; this is what :meth:`start`'s ``Result``
