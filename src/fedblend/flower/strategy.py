@@ -99,10 +99,12 @@ class MethodStrategy(Strategy):
         defaults = {"out": str(out), "data-dir": str(data_dir), "num-nodes": int(nodes), "timeout": float(timeout),
                     "min-clients": int(min_clients), "threads": int(threads), "resume": bool(resume),
                     "force": bool(force)}
+        #: the run config of fedblend's generated app (:mod:`fedblend.flower.apps`): the fedblend config, resolved,
+        #: and the deployment options
         self.run_config = blocks.run_config_for(blocks.raw_config(config, overrides), dict(run_config or {}),
                                                 defaults)
-        self.cfg: RunConfig = run_config_of(self.run_config)
-        self.out = Path(str(self.run_config["out"]))
+        self.cfg: RunConfig = run_config_of(self.run_config)  #: the fedblend config the run runs
+        self.out = Path(str(self.run_config["out"]))  #: its results directory
         self.train_config: dict[str, Any] = {}
         self.evaluate_config: dict[str, Any] = {}
         self.backend: StrategyBackend | None = None
