@@ -42,32 +42,46 @@ def test_run_config_overrides():
     assert cfg == load_config(CONFIG, ["seed=4", "method='fedala'", "train.lr=0.1"]).resolved()
 
 
-@pytest.mark.parametrize("method", ["fedavg", *(pytest.param(m, marks=pytest.mark.slow)
-                                                for m in ("fedala", "fedapa", "pfedrlla"))])
-def test_example_app_equals_fedblend_run(method, tmp_path, flwr_bin, monkeypatch):
+def flwr_run(app: Path, tmp: Path, run_config: str, nodes: int = 2, timeout: float = 500):
+    """``flwr run APP --run-config RUN_CONFIG`` on a loopback SuperLink and ``nodes`` SuperNodes (partition-id K
+    of ``nodes``, their states under ``tmp``): (the completed process, the ``flwr run`` log)."""
     from fedblend.flower.deploy import CONNECTION, local_federation
 
+    with local_federation(tmp / "fed") as fed:
+        fed.start_superlink()
+        for k in range(nodes):
+            fed.start_supernode(k, f'partition-id={k} num-partitions={nodes} state-dir="{tmp / f"node-{k}"}"')
+        res = fed.flwr("run", str(app), CONNECTION, "--stream", "--run-config", run_config, timeout=timeout)
+    return res, (tmp / "fed" / "flwr-run.log").read_text(errors="replace")
+
+
+def flwr_equals_fedblend_run(app: Path, config: Path, tmp: Path, method: str, sets: list[str],
+                             run_config: str, scores=SCORES) -> tuple[list[dict], Path]:
+    """``fedblend run CONFIG --set ...`` and ``flwr run APP`` (:func:`flwr_run`, results in ``tmp/flw``) of the same
+    config: the Flower run finished every round with no fault, its per-round ``scores`` equal ``fedblend run``'s,
+    no Flower process is left. Returns the Flower run's metrics rows and its results directory."""
     from .test_flower import _children
 
-    sets = [f"method={method!r}", "rounds=2"]
-    assert main(["run", str(CONFIG), *[f"--set={s}" for s in sets], "--out", str(tmp_path / "sim"), "--threads", "1",
-                 "--quiet"]) == 0
-    out = tmp_path / "flw"
+    assert main(["run", str(config), *[f"--set={s}" for s in [f"method={method!r}", *sets]], "--out",
+                 str(tmp / "sim"), "--threads", "1", "--quiet"]) == 0
+    out = tmp / "flw"
     t0 = time.monotonic()
-    with local_federation(tmp_path / "fed") as fed:
-        fed.start_superlink()
-        for k in range(2):
-            fed.start_supernode(k, f'partition-id={k} num-partitions=2 state-dir="{tmp_path / f"node-{k}"}"')
-        res = fed.flwr("run", str(EXAMPLE), CONNECTION, "--stream", "--run-config",
-                       f'out="{out}" fedblend.method="{method}" fedblend.rounds=2', timeout=500)
-    log = (tmp_path / "fed" / "flwr-run.log").read_text(errors="replace")
+    res, log = flwr_run(app, tmp, f'out="{out}" fedblend.method="{method}" {run_config}')
     assert res.returncode == 0 and (out / "summary.json").exists(), log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["method"] == method and summary["rounds"] == 2, log[-3000:]
-    sim, flw = history(tmp_path / "sim"), history(out)
-    assert len(sim) == len(flw) == 2
+    sim, flw = history(tmp / "sim"), history(out)
+    assert summary["status"] == "finished" and summary["method"] == method, log[-3000:]
+    assert summary["rounds"] == len(sim) == len(flw), log[-3000:]
     for a, b in zip(sim, flw):
-        assert {k: a.get(k) for k in SCORES} == {k: b.get(k) for k in SCORES}, method
+        assert {k: a.get(k) for k in scores} == {k: b.get(k) for k in scores}, method
     assert "flower_faults" not in json.dumps(flw)
     assert _children() == []
-    print(f"{method}: flwr run of examples/flower-app took {time.monotonic() - t0:.0f}s")
+    print(f"{method}: flwr run of {app.name} took {time.monotonic() - t0:.0f}s")
+    return flw, out
+
+
+@pytest.mark.parametrize("method", ["fedavg", *(pytest.param(m, marks=pytest.mark.slow)
+                                                for m in ("fedala", "fedapa", "pfedrlla"))])
+def test_example_app_equals_fedblend_run(method, tmp_path, flwr_bin):
+    flw, _ = flwr_equals_fedblend_run(EXAMPLE, CONFIG, tmp_path, method, ["rounds=2"], "fedblend.rounds=2")
+    assert len(flw) == 2

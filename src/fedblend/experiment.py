@@ -438,15 +438,17 @@ def dry_run(cfg: RunConfig, data_dir: str | Path | None = None, time_client: boo
 
 # ------------------------------------------------------------------------------------------------ the run
 def create_simulation(cfg: RunConfig, fed: FederatedData, device: str | None = None,
-                      rounds: int | None = None, backend: Any = None) -> Simulation:
+                      rounds: int | None = None, backend: Any = None, method: Any = None) -> Simulation:
     """The simulation of run config ``cfg`` on ``fed`` (method, model, training, sampling, evaluation, backend,
     device, non-finite policy), for ``rounds`` rounds (default the config's); ``backend`` replaces the config's
-    (e.g. the Flower backend of :mod:`fedblend.flower`)."""
+    (e.g. the Flower backend of :mod:`fedblend.flower`), ``method`` the method built from ``cfg`` (it must be
+    that method: :class:`fedblend.flower.strategy.MethodStrategy` passes it with its server half routed through a
+    Flower ``Strategy``)."""
     if backend is None:
         check_backend(cfg)
         backend = make_backend(cfg.backend, worker_count(cfg, fed.num_clients))
     try:
-        return Simulation.create(cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
+        return Simulation.create(method or cfg.build_method(), fed, cfg.model, cfg.train, rounds or cfg.rounds, cfg.seed,
                                  cfg.sampling, cfg.eval, backend=backend, device=device or cfg.resolved_device(),
                                  on_nonfinite=cfg.on_nonfinite, on_divergence=cfg.on_divergence,
                                  divergence_factor=cfg.divergence_factor, init=cfg.init)
@@ -492,7 +494,7 @@ def _first_line(exc: BaseException) -> str:
 def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | None = None,
                    resume: bool = False, progress: Callable[[dict, Simulation], None] | None = None,
                    stop_after: int | None = None, force: bool = False, backend: Any = None,
-                   command: str | None = None, allow_code_change: bool = False) -> dict[str, Any]:
+                   command: str | None = None, allow_code_change: bool = False, method: Any = None) -> dict[str, Any]:
     """Run ``cfg`` writing results under ``out_dir``; ``resume`` continues from ``out_dir/checkpoint.pt``,
     ``force`` replaces a run already there; ``allow_code_change``: resume even when a plug-in's code changed since
     the run started (:mod:`fedblend.plugin_code`; refused otherwise). ``command`` is the command line that runs it
@@ -502,7 +504,8 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
     Raises the typed errors of :mod:`fedblend.common.errors` (and the data layer's) for every expected failure;
     Ctrl-C becomes :class:`RunInterrupted` saying how to resume. ``stop_after`` ends the call after that many
     rounds (checkpointing as configured), to emulate a killed run. ``backend`` replaces the config's (the Flower
-    ServerApp passes its Flower backend: same loop, same results directory).
+    ServerApp passes its Flower backend: same loop, same results directory), ``method`` the method built from the
+    config (:func:`create_simulation`).
 
     The config is validated again here (a config changed through the Python API after ``load_config`` is
     checked like a loaded one), and ``out_dir`` is locked for the whole run (:class:`fedblend.rundir.DirLock`:
@@ -525,11 +528,11 @@ def run_experiment(cfg: RunConfig, out_dir: str | Path, data_dir: str | Path | N
         check_out_dir(out, resume, force)  # again, now that no other process can change it
         return _run_locked(cfg, out, data_dir, resume, progress, stop_after, backend, device, created=bool(lock.created),
                            command=command or f"fedblend run {out / 'config.toml'} --out {out}",
-                           allow_code_change=allow_code_change)
+                           allow_code_change=allow_code_change, method=method)
 
 
 def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, stop_after, backend, device: str,
-                created: bool, command: str, allow_code_change: bool = False) -> dict[str, Any]:
+                created: bool, command: str, allow_code_change: bool = False, method: Any = None) -> dict[str, Any]:
     check_available(cfg.log)
     ck_path = out / FILENAME
     if resume:
@@ -548,7 +551,7 @@ def _run_locked(cfg: RunConfig, out: Path, data_dir, resume: bool, progress, sto
     part_path = out / "partition.json"
     saved = load_partition(part_path)[0] if resume and part_path.exists() else None
     fed = build_federated(raw, cfg.partition, cfg.seed, indices=saved, source=str(part_path))
-    sim = create_simulation(cfg, fed, device=device, backend=backend)
+    sim = create_simulation(cfg, fed, device=device, backend=backend, method=method)
     sim.on_client = getattr(progress, "on_client", None)
     start = 0
     try:

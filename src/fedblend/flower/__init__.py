@@ -1,6 +1,10 @@
 """Any fedblend method deployed on Flower (the optional extra ``pip install 'fedblend[flower]'``).
 
-* :func:`server_app` / :func:`client_app` (:mod:`fedblend.flower.blocks`): a fedblend method as the
+* :class:`MethodStrategy` (:mod:`fedblend.flower.strategy`): a method's server half as a Flower ``Strategy`` in your
+  own ``ServerApp`` (subclass it, or compose it in your ``@app.main()``), and :func:`client_handler`, its client
+  half as the ``@app.train()`` / ``@app.evaluate()`` / ``@app.query()`` handler of your own ``ClientApp``
+  (docs/deploy.md, examples/flower-strategy);
+* :func:`server_app` / :func:`client_app` (:mod:`fedblend.flower.blocks`): a fedblend method as the whole
   ``ServerApp`` / ``ClientApp`` of your own Flower app (docs/deploy.md, examples/flower-app);
 * :mod:`fedblend.flower.wire`: jobs and results as Flower records (the state codec's named arrays), shape and
   data-digest checks;
@@ -13,13 +17,14 @@
   actors, the extra ``pip install 'fedblend[simulation]'``; docs/deploy.md section 4).
 """
 
-__all__ = ["client_app", "server_app"]
+__all__ = ["MethodStrategy", "client_app", "client_handler", "client_reply", "server_app"]
+_HOME = {"MethodStrategy": "strategy", "client_reply": "strategy"}  # else blocks
 
 
 def __getattr__(name: str):
     # lazy: ``fedblend.flower.deploy`` (the CLI) imports without flwr and says how to install it
     if name in __all__:
-        from fedblend.flower import blocks
+        import importlib
 
-        return getattr(blocks, name)
+        return getattr(importlib.import_module(f"fedblend.flower.{_HOME.get(name, 'blocks')}"), name)
     raise AttributeError(f"module 'fedblend.flower' has no attribute {name!r}")

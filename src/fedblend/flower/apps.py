@@ -58,11 +58,14 @@ def server_main(grid: Grid, context: Context) -> None:
     serve(grid, dict(context.run_config))
 
 
-def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> dict:
+def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None, backend_cls=None, method=None) -> dict:
     """Run the method's server half over ``grid`` with the run config ``rc`` (keys: the module docstring's);
     returns the run's summary. The body of every fedblend ``ServerApp`` (also :mod:`fedblend.flower.blocks` and
     the simulation, :mod:`fedblend.flower.sim`, which passes its round display as ``progress`` and prints the
-    summary itself, ``echo=False``, and a ``stop`` event that ends the run's waits on Ctrl-C)."""
+    summary itself, ``echo=False``, and a ``stop`` event that ends the run's waits on Ctrl-C).
+    :class:`fedblend.flower.strategy.MethodStrategy` passes its own ``backend_cls`` (a
+    :class:`~fedblend.flower.backend.FlowerBackend` class or factory) and ``method`` (the config -> the method
+    the engine runs, its server half routed through the strategy)."""
     from fedblend.experiment import run_experiment
     from fedblend.flower.backend import FlowerBackend
 
@@ -71,14 +74,15 @@ def serve(grid: Grid, rc: dict, progress=None, echo: bool = True, stop=None) -> 
     out = Path(str(rc["out"]))
     torch.set_num_threads(int(rc.get("threads", 1)))
     keep = int(rc.get("keep", max(2, 2 * cfg.checkpoint_every + 2)))  # state versions per client (a resume)
-    backend = FlowerBackend(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
+    backend = (backend_cls or FlowerBackend)(grid, run_key(cfg.resolved(), out), nodes=int(rc.get("num-nodes", 1)),
                             timeout=float(rc.get("timeout", 600)), min_clients=int(rc.get("min-clients", 1)),
                             keep=keep, poll=float(rc.get("poll", 0.2)), stop=stop,
                             wait_nodes=float(rc.get("wait-nodes", 300)), retries=int(rc.get("retries", 1)))
     try:
         summary = run_experiment(cfg, out, str(rc.get("data-dir") or "") or None,
                                  resume=bool(rc.get("resume", False)), force=bool(rc.get("force", False)),
-                                 backend=backend, progress=progress)
+                                 backend=backend, progress=progress,
+                                 method=None if method is None else method(cfg))
     except BaseException as exc:
         record_error(exc, str(rc.get("error-file") or ""))
         raise

@@ -81,6 +81,7 @@ class FlowerBackend(Backend):
         self.known: set[int] = set()  # node ids greeted (accepted or refused)
         self.faults: list[dict] = []  # since the last report
         self.log = log or logging.getLogger("fedblend.flower").info  # node changes and faults
+        self.replies: dict[int, FlowerMessage] = {}  # the last exchange's replies, by node
 
     # ------------------------------------------------------------------------------------------ nodes
     def start(self, method: Method, run: RunInfo, data: Mapping[int, ClientData], tree: SeedTree) -> None:
@@ -146,7 +147,11 @@ class FlowerBackend(Backend):
     # ------------------------------------------------------------------------------------------ jobs
     def run(self, jobs: Sequence[ClientJob]) -> list[ClientResult | None]:
         self._greet()
-        out: list[ClientResult | None] = [None] * len(jobs)
+        per = self.per_node(jobs)
+        return self.collect(jobs, per, self.messages(jobs, per))
+
+    def per_node(self, jobs: Sequence[ClientJob]) -> dict[int, list[int]]:
+        """The jobs' indices grouped by the node that serves their client (a fault for clients no node serves)."""
         per: dict[int, list[int]] = {}
         orphans = []
         for i, job in enumerate(jobs):
@@ -157,18 +162,33 @@ class FlowerBackend(Backend):
                 per.setdefault(nid, []).append(i)
         if orphans:
             self._fault("no live node serves them", clients=orphans)
+        return per
+
+    def messages(self, jobs: Sequence[ClientJob], per: Mapping[int, list[int]],
+                 config: Mapping[str, Any] | None = None) -> list[FlowerMessage]:
+        """One Flower message per node of ``per``, carrying its clients' jobs (``train``, or ``evaluate`` when
+        every job evaluates; the round as its group id); ``config`` entries are added to each job message's
+        config (the client half reads them in ``msg.config``)."""
         msgs = []
         for nid, idx in per.items():
             batch = [{"phase": jobs[i].phase, "cid": jobs[i].cid, "rnd": jobs[i].rnd,
                       "version": version_of(jobs[i].state),
                       "msg": {"arrays": jobs[i].msg.arrays, "metrics": jobs[i].msg.metrics,
-                              "config": jobs[i].msg.config}} for i in idx]
+                              "config": {**dict(config or {}), **jobs[i].msg.config}}} for i in idx]
             kind = "evaluate" if all(jobs[i].phase == EVALUATE for i in idx) else "train"
             msgs.append(FlowerMessage(content=content("jobs", batch, run_key=self.run_key, keep=self.keep),
                                       dst_node_id=nid, message_type=kind, group_id=str(jobs[idx[0]].rnd)))
+        return msgs
+
+    def collect(self, jobs: Sequence[ClientJob], per: Mapping[int, list[int]],
+                msgs: list[FlowerMessage]) -> list[ClientResult | None]:
+        """Send ``msgs`` (:meth:`messages`) and decode the replies into the jobs' results (None: no result, with
+        the fault recorded); the replies, by node, stay in :attr:`replies` until the next exchange."""
+        out: list[ClientResult | None] = [None] * len(jobs)
         t0 = time.monotonic()
         resent: dict[str, str] = {}
         replies = self._exchange(msgs, self.timeout, resent)
+        self.replies = replies
         timing: dict[str, Any] = {"phase": "evaluate" if all(j.phase == EVALUATE for j in jobs) else "train",
                                   "seconds": round(time.monotonic() - t0, 4), "nodes": {}}
         if resent:

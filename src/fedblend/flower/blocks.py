@@ -23,7 +23,8 @@ The app's Flower run config (``[tool.flwr.app.config]``, ``flwr run --run-config
 * the deployment options, under the names of the generated app: ``out`` (the results directory on the
   ServerApp's machine, default ``runs/LABEL`` in its working directory,
   where ``fedblend run`` writes), ``data-dir``, ``num-nodes``,
-  ``timeout``, ``min-clients``, ``threads``, ``resume``, ``force`` (they override the factory's keyword arguments);
+  ``timeout``, ``min-clients``, ``threads``, ``resume``, ``force`` (they override the factory's keyword arguments),
+  ``state-dir`` (the nodes' state directories' parent where a node config names none);
 * fedblend config fields under ``fedblend.``: ``fedblend.rounds = 5`` or a table ``[tool.flwr.app.config.fedblend]``
   with ``method = "fedala"``, ``train.lr = 0.05`` ... (``--set`` of ``fedblend run``, applied to the factory's
   config on the server and on every node alike).
@@ -35,7 +36,7 @@ refused at the greeting), but not the method.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from fedblend.flower import apps
 
 PREFIX = "fedblend."  # run config keys that override fedblend config fields
 DEFAULTS: dict[str, Any] = {"out": "", "data-dir": "", "num-nodes": 1, "timeout": 600.0, "min-clients": 1,
-                            "threads": 1, "resume": False, "force": False}
+                            "threads": 1, "resume": False, "force": False, "state-dir": ""}
 
 def raw_config(config: str | Path | Mapping[str, Any] | RunConfig | None,
                overrides: list[str] | None = None) -> dict[str, Any]:
@@ -108,11 +109,22 @@ def server_app(config: str | Path | Mapping[str, Any] | RunConfig | None, *, ove
     return app
 
 
-def client_app(config: str | Path | Mapping[str, Any] | RunConfig | None, *,
-               overrides: list[str] | None = None) -> ClientApp:
-    """A Flower ``ClientApp`` running ``config``'s method (its client half) for the clients of the node: those
-    of its node config (``partition-id`` / ``num-partitions``, or ``clients``; the simulation runtime sets the
-    first two), with their states in the node's ``state-dir`` (default ``~/.fedblend/flower-node-K``)."""
+def client_handler(config: str | Path | Mapping[str, Any] | RunConfig | None, *,
+                   overrides: list[str] | None = None) -> Callable[[Message, Context], Message]:
+    """The client half of ``config``'s method as one Flower handler, ``handler(msg, context) -> reply``, for the
+    ``@app.train()``, ``@app.evaluate()`` and ``@app.query()`` (fedblend's greeting) handlers of your own
+    ``ClientApp``: it answers a fedblend message (a job batch, a greeting) for the clients of the node, those of
+    its node config (``partition-id`` / ``num-partitions``, or ``clients``; the simulation runtime sets the first
+    two), with their states in the node's ``state-dir`` (default ``~/.fedblend/flower-node-K``). The app's
+    Flower run config applies as for :func:`server_app` (``fedblend.*`` keys)::
+
+        app = ClientApp()
+        fedblend_client = client_handler("fedblend.toml")
+
+        @app.train()
+        def train(msg: Message, context: Context) -> Message:
+            return fedblend_client(msg, context)      # your own code before or after it
+    """
     raw = raw_config(config, overrides)
     memo: dict[str, dict] = {}
 
@@ -122,6 +134,14 @@ def client_app(config: str | Path | Mapping[str, Any] | RunConfig | None, *,
             memo[key] = run_config_for(raw, context.run_config, {})
         return apps.answer(msg, context, run_config=memo[key])
 
+    return handle
+
+
+def client_app(config: str | Path | Mapping[str, Any] | RunConfig | None, *,
+               overrides: list[str] | None = None) -> ClientApp:
+    """A Flower ``ClientApp`` running ``config``'s method (its client half, :func:`client_handler`) for the
+    clients of the node."""
+    handle = client_handler(config, overrides=overrides)
     app = ClientApp()
     app.query()(handle)
     app.train()(handle)
