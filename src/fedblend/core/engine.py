@@ -90,6 +90,7 @@ class Simulation(Exchanges, DivergenceChecks):
     _started: bool = False
     _alarms: list = field(default_factory=list)  # this round's divergence findings
     _loss_keys: list = field(default_factory=list)  # this round's client training losses (train_loss, ...)
+    _origin: str | None = None  # where this round's first non-finite value appeared, when known
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, Backend):
@@ -159,7 +160,7 @@ class Simulation(Exchanges, DivergenceChecks):
         sctx = self.sctx(t)
         t0 = time.perf_counter()
         tally = RoundTally(sample_clients(self.sampling, self.fed.num_clients, t, self.tree))
-        self._alarms = []
+        self._alarms, self._origin = [], None
         self._train_phases(t, sctx, tally)
         train_seconds = time.perf_counter() - t0
         self._loss_keys = tally.loss_keys()

@@ -18,6 +18,7 @@ from fedblend.common.codec import to_device
 from fedblend.common.errors import MessageError
 from fedblend.common.guard import check_returned, method_guard, returned_wrong
 from fedblend.core.client import ClientJob, ClientResult
+from fedblend.core.divergence import nonfinite_origin
 from fedblend.core.message import Message, channel_errors, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ServerCtx, State
 from fedblend.core.replies import check_is_message, check_reply, model_errors, reply_errors
@@ -116,9 +117,11 @@ class Exchanges:
         for cid in cids:
             self._check_channels(msgs[cid], phase, cid, reply=False)
             self._check_sent(msgs[cid], "configure", cid, t)
-        results = self._run_jobs([ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids])
+        jobs = [ClientJob(phase, cid, t, msgs[cid], self.store.get(cid)) for cid in cids]
+        results = self._run_jobs(jobs)
         replies = {}
-        for cid, res in zip(cids, results):
+        for job, res in zip(jobs, results):
+            cid = job.cid
             tally.down[cid] += msgs[cid].num_bytes
             if res is None:  # the client did not answer (node down, timeout, refused reply)
                 tally.dropped.append(cid)
@@ -127,8 +130,9 @@ class Exchanges:
             self._check_reply(res.reply, phase, cid, t)
             tally.up[cid] += res.reply.num_bytes
             tally.answered[phase] = tally.answered.get(phase, 0) + 1
-            if self._nonfinite(res, cid, phase, t):
+            if self._nonfinite(res, job):
                 tally.skipped.append(cid)
+                tally.first_skipped = tally.first_skipped or job
                 tally.refused[phase] = tally.refused.get(phase, 0) + 1
                 continue
             self.store.put(cid, res.state)
@@ -154,6 +158,7 @@ class Exchanges:
         active = list(tally.selected)  # a later phase goes to the clients whose reply the phase before accepted
         for phase in phases:
             accepted: list[int] = []
+            before = self.server
             if self.method.traits.sequential_server:
                 for cid in active:
                     replies = self._exchange(phase, [cid], t, sctx, tally)
@@ -167,11 +172,14 @@ class Exchanges:
             if where is not None:
                 self._alarms.append(f"the server state has NaN or inf values after aggregating the {phase} phase "
                                     f"(in {where})")
+                self._origin = self._origin or self._server_origin(before, phase, t)
                 break
             answered, refused = tally.answered, tally.refused
             if answered.get(phase) and refused.get(phase) == answered[phase]:
                 self._alarms.append(f"every {phase} update of the round ({answered[phase]}) was skipped as "
                                     f"non-finite (on_nonfinite = 'skip'): nothing was aggregated")
+                if self.on_divergence == "stop" and self._origin is None:  # the run ends: worth a replay
+                    self._origin = nonfinite_origin(self.client_runtime(), tally.first_skipped, self.server)
                 break  # the round's later phases have nothing to build on
             active = [c for c in active if c in set(accepted)]
             if not active:

@@ -23,6 +23,7 @@ class RoundTally:
     dropped: list[int] = field(default_factory=list)  # no reply (a backend that tolerates faults returns None)
     answered: dict[str, int] = field(default_factory=dict)  # replies received per phase
     refused: dict[str, int] = field(default_factory=dict)  # of them skipped as non-finite
+    first_skipped: Any = None  # the ClientJob of the first reply skipped as non-finite (to tell where it came from)
 
     def __post_init__(self) -> None:
         self.stats = {cid: {} for cid in self.selected}
