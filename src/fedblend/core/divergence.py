@@ -165,8 +165,10 @@ def _replay(runtime: ClientRuntime, job: ClientJob, server: State) -> str | None
     if job.state is None and first_nonfinite_value(state) is not None:
         return f"its init_client (in {first_nonfinite_value(state)})"
     found: list[str] = []
+    trained: list[bool] = []
 
     def execute(spec: TrainSpec) -> TrainResult:
+        trained.append(True)
         start = first_nonfinite_value(spec.params)
         if not found and start is not None:
             found.append(f"the parameters local training starts from (client_init, before_training or a "
@@ -184,8 +186,8 @@ def _replay(runtime: ClientRuntime, job: ClientJob, server: State) -> str | None
         return res
 
     reply, new_state = drive(runtime.method.client_step(job.phase, job.msg, state, ctx), execute)
-    if found:
-        return found[0]
+    if found or not trained:  # (a client half that trains no spec: where inside it, the replay cannot tell)
+        return found[0] if found else None
     if first_nonfinite(reply.arrays) is not None:
         return "its reply (the model local training returned is finite)"
     if first_nonfinite_value(new_state) is not None:
