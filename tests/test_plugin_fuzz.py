@@ -91,8 +91,7 @@ def test_a_faulty_plugin_is_named_or_runs_correctly(hook, fault, rnd, client, ba
     if rc == 1:
         assert len(lines) == 1 and lines[0].startswith("fedblend: error: "), case
         line = lines[0]
-        diverged = "the run diverged" in line or "has NaN or inf values" in line
-        assert "faulty-plugin" in line or (fault == "nan" and diverged), case
+        assert "faulty-plugin" in line, case  # a NaN it made too: "the run diverged ... [method plug-in ...]"
         if "faulty-plugin" in line and "'s reply in round" not in line:  # a HookError: names the hook it raised in
             assert " raised in " in line or " returned " in line or " is " in line, case
         return

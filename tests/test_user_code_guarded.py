@@ -108,6 +108,13 @@ class TestWhatAHookReturnsIsChecked:
         ("configure_train", "shape", "configure returned a message that does not fit the model"),
         ("configure_evaluate", "type", "configure_evaluate returned a list, not a Message"),
         ("init_client", "none", "init_client returned None"),
+        ("client_init", "none", "client_init returned None (a missing return?), not the parameters to train (a dict "
+                                "of tensors) (client 0, round 1)"),
+        ("loss_terms", "none", "loss_terms returned None (a missing return?), not a tuple of LossTerms (client 0, "
+                               "round 1)"),
+        ("loss_terms", "type", "loss_terms returned a list holding a tuple, not a tuple of LossTerms"),
+        ("before_training", "none", "before_training returned None (a missing return?) (client 0, round 1), and "
+                                    "client_init failed on it: AttributeError: 'NoneType' object"),
         ("eval_params", "missing", "eval_params returned parameters that are not the model's (missing fc1.weight)"),
         ("eval_params", "shape", "'fc1.weight' has shape [1], the model's is [50, 64]"),
         ("phases", "type", "phases returned a list, not a non-empty tuple of phase names"),

@@ -417,7 +417,7 @@ def test_dotted_keys_flattens_nested_tables_once_for_config_report_and_tracking(
     """One shared flattener (``common.jsonio.dotted_keys``) for config diffs, report labels and tracker params."""
     import fedblend.config as config_mod
     import fedblend.results.table as report_mod
-    import fedblend.tracking as tracking_mod
+    import fedblend.tracking.mlflow as tracking_mod
     from fedblend.common.jsonio import dotted_keys
 
     assert dotted_keys({"a": 1, "t": {"b": [1, 2], "u": {"c": None}}}) == {"a": 1, "t.b": [1, 2], "t.u.c": None}

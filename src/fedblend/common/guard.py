@@ -10,7 +10,10 @@ site wraps the call in :func:`guarded`; an exception from the call becomes one
   built-in method that raises is that method's fault too),
 * the hook it raised in: the innermost frame of the traceback that runs a function of the method or of one of its
   transforms (``self`` is one of them: ``loss_terms`` inside the client template, ``aggregate_train`` inside
-  ``aggregate``), else the hook the call site named,
+  ``aggregate``), or data a hook made that training runs (a :class:`~fedblend.core.training.LossTerm` failing
+  inside local training: ``loss_terms``, its class's ``guard_hook``), else the hook the call site named; where
+  the exception is about a None that a hook returned and a later hook used (``before_training`` returning None,
+  ``client_init`` failing on it), the hook that returned it (:func:`_returned_none`),
 * the client and the round (1-based),
 * the exception's type and first line, and where in the plug-in's code it was raised (the innermost frame outside
   torch and the standard library).
@@ -23,8 +26,11 @@ HookError's ``__cause__``: ``--debug`` shows its traceback.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
 import sysconfig
+import textwrap
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -136,11 +142,25 @@ def hook_error(exc: BaseException, owner: Any, kind: str, hook: str, rnd: int | 
     found = _hook_frame(exc.__traceback__, within)
     if found is not None:
         owner, kind, hook = found
-    who = plugin_name(owner, kind, name)
-    at = _location(exc.__traceback__)
+    spec = _refused_spec(exc, hook, within)
+    if spec is not None:  # a value a hook returned, refused where it became part of a training spec
+        hook, problem = spec
+        who = plugin_name(owner, kind, name)
+        return HookError(f"{who}: {problem} ({where_text(rnd, cid, side)}); a fault of its code", who, hook,
+                         None if rnd is None else rnd + 1, cid if isinstance(cid, int) or cid is None else list(cid))
     text = f"{type(exc).__name__}: {_first_line(exc)}" if _first_line(exc) else type(exc).__name__
-    message = (f"{who} raised in {hook} ({where_text(rnd, cid, side)}): {text}{f' (at {at})' if at else ''}; "
-               f"a fault of its code (fedblend --debug shows the traceback)")
+    made = _returned_none(exc, within)
+    if made is not None and made[2] != hook:  # the hook that returned the None, not the one that used it
+        owner, kind = made[0], made[1]
+        who = plugin_name(owner, kind, name)
+        message = (f"{who}: {made[2]} returned None (a missing return?) ({where_text(rnd, cid, side)}), and {hook} "
+                   f"failed on it: {text}; a fault of its code (fedblend --debug shows the traceback)")
+        hook = made[2]
+    else:
+        who = plugin_name(owner, kind, name)
+        at = _location(exc.__traceback__)
+        message = (f"{who} raised in {hook} ({where_text(rnd, cid, side)}): {text}{f' (at {at})' if at else ''}; "
+                   f"a fault of its code (fedblend --debug shows the traceback)")
     return HookError(message, who, hook, None if rnd is None else rnd + 1,
                      cid if isinstance(cid, int) or cid is None else list(cid))
 
@@ -160,6 +180,9 @@ def _hook_frame(tb: TracebackType | None, within: Sequence[tuple[Any, str]]) -> 
     helper = None
     for frame in reversed(_frames(tb)):
         me = frame.f_locals.get("self")
+        made_by = getattr(type(me), "guard_hook", None)  # data a hook made and training runs (a LossTerm)
+        if isinstance(made_by, str) and within and helper is None:
+            return within[0][0], within[0][1], made_by
         for obj, kind in within:
             if me is obj:
                 name = frame.f_code.co_name
@@ -167,6 +190,68 @@ def _hook_frame(tb: TracebackType | None, within: Sequence[tuple[Any, str]]) -> 
                     return obj, kind, name
                 helper = helper or (obj, kind, name)
     return helper
+
+
+def _refused_spec(exc: BaseException, hook: str, within: Sequence[tuple[Any, str]]) -> tuple[str, str] | None:
+    """(hook, problem) for a training spec's field refused as it was made (``core.training.SpecError``, whose
+    ``guard_hook`` is the template hook the field comes from): that hook where the template's ``train_spec``
+    made the spec (``client_init``, or with transforms ``client_init`` or their ``apply``; ``loss_terms``), else
+    the hook that made the spec itself (``hook``: a method's own ``local_training``)."""
+    made = getattr(exc, "guard_hook", None)
+    if not isinstance(made, str):
+        return None
+    if hook != "train_spec":
+        return hook, f"{hook} made a TrainSpec whose {exc.field} is {exc.got}, not {exc.want}"
+    if made == "client_init" and any(kind == "transform" for _, kind in within):
+        return made, f"client_init or a transform's apply returned {exc.got}, not {exc.want}"
+    return made, f"{made} returned {exc.got}, not {exc.want}"
+
+
+def _returned_none(exc: BaseException, within: Sequence[tuple[Any, str]]) -> tuple[Any, str, str] | None:
+    """For an exception about a None (``'NoneType' object has no attribute ...``), the hook whose return value
+    that None was: in the frames that run a function of the ``within`` objects, innermost first (the hook that
+    failed on it, then its callers: the client template), the first to have read a local ``name`` that is None in
+    its failing statement after ``name = self.<hook>(...)`` (or ``yield from``). (object, kind, hook) or None."""
+    if "NoneType" not in str(exc):
+        return None
+    for frame in reversed(_frames(exc.__traceback__)):
+        me = frame.f_locals.get("self")
+        owner = next(((obj, kind) for obj, kind in within if me is obj), None)
+        hook = None if owner is None else _none_from(frame)
+        if hook is not None:
+            return owner[0], owner[1], hook
+    return None
+
+
+def _none_from(frame: Any) -> str | None:
+    """The hook ``frame``'s failing statement got a None from (see :func:`_returned_none`), or None."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(frame.f_code)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    line = frame.f_lineno - frame.f_code.co_firstlineno + 1
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.If, ast.For, ast.While, ast.With,
+                                    ast.Try))]
+    if not stmts:
+        return None
+    failing = max(stmts, key=lambda n: n.lineno)
+    nones = {n.id for n in ast.walk(failing) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+             and n.id in frame.f_locals and frame.f_locals[n.id] is None}
+    made = [(node.lineno, _self_call(node.value)) for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and node.lineno < failing.lineno
+            and {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)} & nones]
+    made = [m for m in made if m[1] is not None]
+    return max(made)[1] if made else None
+
+
+def _self_call(value: ast.expr) -> str | None:
+    """``hook`` for ``self.hook(...)`` or ``yield from self.hook(...)``, else None."""
+    call = value.value if isinstance(value, (ast.YieldFrom, ast.Await)) else value
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+            and call.func.value.id == "self":
+        return call.func.attr
+    return None
 
 
 def _hooks(cls: type) -> set[str]:

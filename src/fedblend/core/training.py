@@ -70,6 +70,9 @@ class LossTerm:
     another process. ``needs_features`` asks for the body's output in ``batch.features``.
     """
 
+    #: the method hook a failure inside the term is named after (:mod:`fedblend.common.guard`): the one that made it
+    guard_hook: ClassVar[str] = "loss_terms"
+
     fn: Callable[..., torch.Tensor]
     args: dict = field(default_factory=dict)
     needs_features: bool = False
@@ -101,6 +104,20 @@ class Forward:
         return self.fn(model, params, x, with_features, **self.args)
 
 
+class SpecError(TypeError):
+    """A :class:`TrainSpec` field that is not what training needs (parameters that are no dict, loss terms that
+    are no sequence of :class:`LossTerm`), refused where the spec is made; ``guard_hook`` names the template hook
+    whose value the field is (``client_init``, ``loss_terms``), for :mod:`fedblend.common.guard` to name."""
+
+    def __init__(self, field: str, hook: str, value: object, want: str):
+        self.field, self.guard_hook, self.want = field, hook, want
+        odd = next((v for v in value if not isinstance(v, LossTerm)), None) if isinstance(value, (tuple, list)) \
+            else None
+        self.got = ("None (a missing return?)" if value is None else f"a {type(value).__name__}"
+                    + ("" if odd is None else f" holding a {type(odd).__name__}"))
+        super().__init__(f"TrainSpec.{field} is {self.got}, not {want}")
+
+
 @dataclass
 class TrainSpec:
     """One piece of local training a client half asks its backend to run (see module docstring)."""
@@ -117,6 +134,13 @@ class TrainSpec:
     batch_size: int | None = None  # None: train.batch_size
     tags: dict = field(default_factory=dict)  # free-form labels for backends / diagnostics
     forward: Forward | None = None  # None: the model's own forward (:func:`forward`)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Mapping):
+            raise SpecError("params", "client_init", self.params, "the parameters to train (a dict of tensors)")
+        terms = self.loss_terms
+        if not (isinstance(terms, (tuple, list)) and all(isinstance(t, LossTerm) for t in terms)):
+            raise SpecError("loss_terms", "loss_terms", terms, "a tuple of LossTerms")
 
 
 @dataclass
