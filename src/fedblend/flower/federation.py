@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from fedblend.common.errors import FedblendError
 
 CONNECTION = "fedblend-local"
@@ -105,10 +107,9 @@ class LocalFederation:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # Flower's own
         self.env = loopback_env({**os.environ, "PATH": path, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1",
                                  **self.env}, (self.address,))
-        conn = [f"[superlink]\ndefault = \"{CONNECTION}\"\n", f"[superlink.{CONNECTION}]",
-                f"address = \"{self.address}:{self.port}\""]
-        conn.append(f"root-certificates = \"{self.tls['ca']}\"" if self.tls else "insecure = true")
-        (home / "config.toml").write_text("\n".join(conn) + "\n")
+        link = {"address": f"{self.address}:{self.port}"}
+        link.update({"root-certificates": str(self.tls["ca"])} if self.tls else {"insecure": True})
+        (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: link}}))
 
     def _in_ns(self, name: str, cmd: list[str]) -> list[str]:
         """``cmd`` run inside process ``name``'s network namespace, if it has one (``ip netns exec`` execs the
