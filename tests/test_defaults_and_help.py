@@ -116,7 +116,7 @@ def test_export_tensorboard_twice_gives_the_same_events_not_doubled(tmp_path, ca
 def test_deploy_round_display_follows_the_metrics_the_server_writes(tmp_path, monkeypatch):
     """``flwr run`` stood in for by a script that appends rows (one line written in two pieces): the display hears
     each round once, in order, while the run is going."""
-    from fedblend.flower import deploy
+    from fedblend.flower import deploy, federation
 
     metrics = tmp_path / "out" / "metrics.jsonl"
     fake = tmp_path / "flwr"
@@ -131,7 +131,7 @@ for r in (1, 2, 3):
     time.sleep(0.6)
 """)
     fake.chmod(0o755)
-    monkeypatch.setattr(deploy, "_bin", lambda name: str(fake))
+    monkeypatch.setattr(federation, "_bin", lambda name: str(fake))
     fed = deploy.LocalFederation(tmp_path / "work")
     seen = []
     import time

@@ -90,18 +90,18 @@ class TestLostClientsInTheSummary:
 
 class TestLostClientsShown:
     def test_the_result_line_carries_the_status_and_stderr_says_why(self, tmp_path, capsys):
-        from fedblend.cli.main import _result_line
+        from fedblend.cli.args import result_line
 
         s = _degraded_run(tmp_path)
-        _result_line(s, ["method", "best_accuracy"])
+        result_line(s, ["method", "best_accuracy"])
         out, err = capsys.readouterr()
         assert json.loads(out)["status"] == DEGRADED
         assert "status is 'finished-degraded'" in err and "did not answer" in err
 
     def test_a_finished_run_s_result_line_is_unchanged(self, capsys):
-        from fedblend.cli.main import _result_line
+        from fedblend.cli.args import result_line
 
-        _result_line({"status": "finished", "method": "fedavg", "best_accuracy": 0.5}, ["method", "best_accuracy"])
+        result_line({"status": "finished", "method": "fedavg", "best_accuracy": 0.5}, ["method", "best_accuracy"])
         out, err = capsys.readouterr()
         assert json.loads(out) == {"method": "fedavg", "best_accuracy": 0.5} and err == ""
 

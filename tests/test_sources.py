@@ -7,6 +7,7 @@ import tarfile
 import numpy as np
 import pytest
 
+from fedblend.data import fetch as fetch_module
 from fedblend.data import sources
 from fedblend.data.sources import (
     ChecksumError,
@@ -65,7 +66,7 @@ def test_failed_download_says_which_file_and_where(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(sources.urllib.request, "urlopen", boom)
+    monkeypatch.setattr(fetch_module.urllib.request, "urlopen", boom)
     with pytest.raises(DataNotFoundError, match=r"train-images.*download from https?://.*failed.*unreachable"):
         load_dataset("fmnist", tmp_path)
 

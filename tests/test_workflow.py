@@ -415,7 +415,7 @@ def test_sigterm_stops_a_background_run_at_its_checkpoint(tmp_path):
 
 def test_dotted_keys_flattens_nested_tables_once_for_config_report_and_tracking():
     """One shared flattener (``common.jsonio.dotted_keys``) for config diffs, report labels and tracker params."""
-    import fedblend.config as config_mod
+    import fedblend.config.identity as config_mod  # config_diff
     import fedblend.results.table as report_mod
     import fedblend.tracking.mlflow as tracking_mod
     from fedblend.common.jsonio import dotted_keys

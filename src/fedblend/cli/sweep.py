@@ -43,12 +43,51 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedblend.cli.flags import cap_at_cores
+from fedblend.cli import args as cli_args
+from fedblend.cli import flags
+from fedblend.cli.flags import cap_at_cores, int_in
 from fedblend.common.errors import ConfigError
-from fedblend.config import config_hash, load_config, parse_value
-from fedblend.rundir import child_env, locked_by, wait_unlocked
+from fedblend.config import SCALAR_RANGES, config_hash, load_config, parse_value
+from fedblend.rundir import DirLock, child_env, locked_by, wait_unlocked
 
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "partition.json")
+
+
+def add_parser(sub) -> None:
+    sw = sub.add_parser("sweep", help="run configs x grid x seeds, N at a time, restartable; then the report")
+    sw.add_argument("configs", nargs="+", help="TOML config files")
+    sw.add_argument("--seeds", nargs="+", type=int_in(SCALAR_RANGES["seed"]), help="seeds (default: each config's seed; "
+                    "then no --grid or --set may set the seed)")
+    sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                    help="a field and its values; several --grid give their product")
+    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field in every run, e.g. --set rounds=2")
+    sw.add_argument("--jobs", type=int_in(flags.JOBS), default=1, help="runs at a time (default 1; capped at the "
+                    "CPU cores)")
+    sw.add_argument("--threads", type=int_in(flags.THREADS), default=1, help="torch CPU threads per run (default 1)")
+    sw.add_argument("--out", required=True, help="sweep folder: OUT/<config>[__grid]/seed<S>, report in OUT/report")
+    sw.add_argument("--data-dir", help="dataset directory (default: $FEDBLEND_DATA or ~/.fedblend/data)")
+    sw.add_argument("--no-plots", action="store_true", help="no report curves")
+    sw.add_argument("--dry-run", action="store_true", help="print what each run would do (start, resume, "
+                    "restart, skip) and stop")
+    cli_args.debug(sw)
+
+
+def command(args) -> int:
+    """``fedblend sweep``: the plan (``--dry-run``: printed), then the runs, holding the sweep folder's lock."""
+    if args.dry_run:
+        runs = plan(args.configs, args.seeds, args.grid, args.overrides, args.out, args.threads, args.data_dir)
+        for r in runs:
+            print(f"{r.action:8s} {r.out}" + (f"  ({r.why})" if r.why else ""))
+        return 0
+    with DirLock(args.out, "sweep folder"):  # one sweep per folder; each run also locks its own directory
+        runs = plan(args.configs, args.seeds, args.grid, args.overrides, args.out, args.threads, args.data_dir,
+                    wait_busy=30.0)
+        return sweep(runs, args.jobs, args.out, report_plots=not args.no_plots, echo=_echo)
+
+
+def _echo(*a, **k) -> None:
+    print(*a, **k, flush=True)
 
 
 @dataclass
@@ -212,63 +251,19 @@ def _summary_line(run: SweepRun, rc: int, seconds: float) -> str:
 def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool = True, echo=print) -> int:
     """Run the runs that are not done, ``jobs`` at a time; print one line per run and the report table."""
     todo = [r for r in runs if r.action in ("start", "resume", "restart")]
-    for r in runs:
-        if r.action == "skip":
-            echo(f"[done] {r.name} seed {r.seed} ({r.why} earlier, skipped)" if r.why == "finished" else
-                 f"[done] {r.name} seed {r.seed} ({r.why}; skipped)")
-        elif r.action == "refuse":
-            echo(f"[REFUSED] {r.name} seed {r.seed}: {r.why}")
-        elif r.action == "busy":
-            echo(f"[BUSY] {r.name} seed {r.seed}: {r.why}")
+    _announce(runs, echo)
     jobs = max(1, min(cap_at_cores(jobs, "--jobs"), len(todo)))
     echo(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} done, refused or busy, {len(todo)} to run, {jobs} at a "
          f"time")
-    procs: dict[int, subprocess.Popen] = {}
-    lock = threading.Lock()
-    stopping = threading.Event()
-
-    def one(run: SweepRun) -> int:
-        run.out.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        with open(run.out / "stdout.log", "a") as log:
-            log.write(f"$ {' '.join(run.cmd)}\n")
-            log.flush()
-            with lock:  # no run starts once an interrupt has been seen
-                if stopping.is_set():
-                    return 130
-                # its own session: a Ctrl-C reaches the children through us, once, as SIGTERM; child_env: the
-                # child gets SIGTERM from the kernel when this process dies (fedblend.rundir.die_with_parent)
-                p = subprocess.Popen(run.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=child_env())
-                procs[p.pid] = p
-            rc = p.wait()
-            with lock:
-                procs.pop(p.pid, None)
-        if not stopping.is_set():
-            echo(_summary_line(run, rc, time.perf_counter() - t0))
-        return rc
-
+    children = _Children(echo)
     old = signal.signal(signal.SIGTERM, _raise_interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     pool = ThreadPoolExecutor(max(1, jobs))
     try:
-        futures = [pool.submit(one, r) for r in todo]
+        futures = [pool.submit(children.run, r) for r in todo]
         rcs = [f.result() for f in futures]
     except KeyboardInterrupt:
-        with lock:
-            stopping.set()
-            live = list(procs.values())
-        for p in live:
-            try:
-                # SIGTERM, not SIGINT: a sweep started in the background gives its runs SIGINT ignored
-                os.killpg(p.pid, signal.SIGTERM)  # the run keeps its last checkpoint and exits 130
-            except ProcessLookupError:
-                pass
-        for p in live:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        live = children.stop()
         pool.shutdown(wait=True, cancel_futures=True)
         echo(f"sweep: interrupted; {len(live)} running run(s) stopped at their last checkpoint. Start the same "
              f"command again to finish the missing runs.")
@@ -284,6 +279,69 @@ def sweep(runs: list[SweepRun], jobs: int, out: str | Path, report_plots: bool =
         echo(report([str(out)], Path(out) / "report", plots=report_plots), end="")
         echo(f"report in {Path(out) / 'report'}")
     return exit_code(runs, rcs)
+
+
+def _announce(runs: list[SweepRun], echo) -> None:
+    """One line per run that is not run: done earlier, refused, busy."""
+    for r in runs:
+        if r.action == "skip":
+            echo(f"[done] {r.name} seed {r.seed} ({r.why} earlier, skipped)" if r.why == "finished" else
+                 f"[done] {r.name} seed {r.seed} ({r.why}; skipped)")
+        elif r.action == "refuse":
+            echo(f"[REFUSED] {r.name} seed {r.seed}: {r.why}")
+        elif r.action == "busy":
+            echo(f"[BUSY] {r.name} seed {r.seed}: {r.why}")
+
+
+class _Children:
+    """The sweep's running child processes (one per run, each in its own session), started from the pool's
+    threads and stopped together on an interrupt."""
+
+    def __init__(self, echo):
+        self.echo = echo
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self, run: SweepRun) -> int:
+        """Run ``run``'s command to its end (output to its ``stdout.log``); its exit code."""
+        run.out.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(run.out / "stdout.log", "a") as log:
+            log.write(f"$ {' '.join(run.cmd)}\n")
+            log.flush()
+            with self.lock:  # no run starts once an interrupt has been seen
+                if self.stopping.is_set():
+                    return 130
+                # its own session: a Ctrl-C reaches the children through us, once, as SIGTERM; child_env: the
+                # child gets SIGTERM from the kernel when this process dies (fedblend.rundir.die_with_parent)
+                p = subprocess.Popen(run.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=child_env())
+                self.procs[p.pid] = p
+            rc = p.wait()
+            with self.lock:
+                self.procs.pop(p.pid, None)
+        if not self.stopping.is_set():
+            self.echo(_summary_line(run, rc, time.perf_counter() - t0))
+        return rc
+
+    def stop(self) -> list[subprocess.Popen]:
+        """Start no more runs; stop the running ones at their last checkpoint (waited for); those stopped."""
+        with self.lock:
+            self.stopping.set()
+            live = list(self.procs.values())
+        for p in live:
+            try:
+                # SIGTERM, not SIGINT: a sweep started in the background gives its runs SIGINT ignored
+                os.killpg(p.pid, signal.SIGTERM)  # the run keeps its last checkpoint and exits 130
+            except ProcessLookupError:
+                pass
+        for p in live:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return live
 
 
 def exit_code(runs: list[SweepRun], rcs: list[int]) -> int:

@@ -257,6 +257,12 @@ def _draw_indices(raw: RawDataset, spec: PartitionSpec, pool_y: np.ndarray, tree
             test_parts = split_like(train_parts, raw.train_y, raw.test_y, tree.numpy("test"), raw.num_classes,
                                     per_client=spec.test_per_client)
         return {"train": [p.tolist() for p in train_parts], "test": [p.tolist() for p in test_parts]}
+    return _split_clients(train_parts, spec, tree)
+
+
+def _split_clients(train_parts: list, spec: PartitionSpec, tree: SeedTree) -> dict[str, list[list[int]]]:
+    """Each client's samples of the pool split into its train (val) and test samples by ``train_fraction``
+    (``val_fraction``), from the client's own seeded permutation."""
     if spec.split == "merge":
         fracs = (spec.train_fraction,)
     else:

@@ -236,6 +236,34 @@ def partition(labels: np.ndarray, num_clients: int, kind: str, rng_for_attempt: 
     (PFLlib dir: min(40, N/num_clients/2); FedAPA: 129), 1 otherwise.
     """
     n = len(labels)
+    _check_request(n, num_clients, kind, rule, num_classes, alpha, classes_per_client, shards_per_client)
+    if min_samples is None:
+        min_samples = default_min_samples(kind, rule, n, num_clients)
+    if min_samples * num_clients > n:
+        raise PartitionError(
+            f"partition.min_samples={min_samples} x {num_clients} clients exceeds the {n} samples available; "
+            f"lower min_samples or num_clients")
+    params = dict(alpha=alpha, classes_per_client=classes_per_client, num_classes=num_classes,
+                  shards_per_client=shards_per_client, samples_per_client=samples_per_client,
+                  balanced=balanced, least_samples=40)
+    for attempt in range(max_tries):
+        train_parts, test_parts = _draw(labels, test_labels, num_clients, kind, rule, rng_for_attempt(attempt), params)
+        ok = min(len(p) for p in train_parts) >= min_samples
+        if test_parts is not None:
+            ok = ok and min(len(p) for p in test_parts) >= min_test_samples
+        if ok:
+            return train_parts, test_parts
+    raise PartitionError(
+        f"could not give every client >= {min_samples} training samples"
+        + (f" and >= {min_test_samples} test samples" if test_labels is not None and min_test_samples else "")
+        + f" in {max_tries} draws of the {kind!r} partition: raise partition.alpha, lower num_clients or "
+        f"partition.min_samples, or raise partition.max_tries"
+    )
+
+
+def _check_request(n: int, num_clients: int, kind: str, rule: str, num_classes: int, alpha: float,
+                   classes_per_client: int, shards_per_client: int) -> None:
+    """A partition of ``n`` samples that cannot be drawn as asked is a :class:`PartitionError` naming the field."""
     if kind not in KINDS:
         raise PartitionError(f"partition.kind must be one of {list(KINDS)}, got {kind!r}")
     if kind == "domains":
@@ -254,46 +282,34 @@ def partition(labels: np.ndarray, num_clients: int, kind: str, rng_for_attempt: 
             f"rule 'fedapa' needs num_clients * classes_per_client >= {num_classes} so every class has a client")
     if kind == "shards" and num_clients * shards_per_client > n:
         raise PartitionError(f"partition.shards_per_client={shards_per_client} gives more shards than samples")
-    if min_samples is None:
-        if kind == "dirichlet" and rule == "pflib":
-            min_samples = int(min(40, n / num_clients / 2))
-        elif rule == "fedapa" and kind in ("dirichlet", "pathological"):
-            min_samples = 129
-        else:
-            min_samples = 1
-    if min_samples * num_clients > n:
-        raise PartitionError(
-            f"partition.min_samples={min_samples} x {num_clients} clients exceeds the {n} samples available; "
-            f"lower min_samples or num_clients")
-    params = dict(alpha=alpha, classes_per_client=classes_per_client, num_classes=num_classes,
-                  shards_per_client=shards_per_client, samples_per_client=samples_per_client,
-                  balanced=balanced, least_samples=40)
-    for attempt in range(max_tries):
-        rng = rng_for_attempt(attempt)
-        test_parts = None
-        if rule == "fedapa" and kind in ("dirichlet", "pathological"):
-            make = dirichlet_fedapa_props if kind == "dirichlet" else pathological_fedapa_props
-            props = make(num_clients, rng, **params)
-            train_parts = assign_by_proportions(labels, props, rng)
-            if test_labels is not None:
-                test_parts = assign_by_proportions(test_labels, props, rng)
-        else:
-            draw = {"iid": draw_iid, "dirichlet": draw_dirichlet_pflib, "pathological": draw_pathological_pflib,
-                    "shards": draw_shards, "one_class": draw_one_class}[kind]
-            train_parts = draw(labels, num_clients, rng, **params)
-            if test_labels is not None:
-                test_parts = split_like(train_parts, labels, test_labels, rng, num_classes)
-        ok = min(len(p) for p in train_parts) >= min_samples
-        if test_parts is not None:
-            ok = ok and min(len(p) for p in test_parts) >= min_test_samples
-        if ok:
-            return train_parts, test_parts
-    raise PartitionError(
-        f"could not give every client >= {min_samples} training samples"
-        + (f" and >= {min_test_samples} test samples" if test_labels is not None and min_test_samples else "")
-        + f" in {max_tries} draws of the {kind!r} partition: raise partition.alpha, lower num_clients or "
-        f"partition.min_samples, or raise partition.max_tries"
-    )
+
+
+def default_min_samples(kind: str, rule: str, n: int, num_clients: int) -> int:
+    """The rule's own smallest client (PFLlib dir: min(40, N/num_clients/2); FedAPA: 129), 1 otherwise."""
+    if kind == "dirichlet" and rule == "pflib":
+        return int(min(40, n / num_clients / 2))
+    if rule == "fedapa" and kind in ("dirichlet", "pathological"):
+        return 129
+    return 1
+
+
+def _draw(labels: np.ndarray, test_labels: np.ndarray | None, num_clients: int, kind: str, rule: str,
+          rng: np.random.Generator, params: dict) -> tuple[Parts, Parts | None]:
+    """One draw of the partition (and of the test split with the same class proportions) from ``rng``."""
+    test_parts = None
+    if rule == "fedapa" and kind in ("dirichlet", "pathological"):
+        make = dirichlet_fedapa_props if kind == "dirichlet" else pathological_fedapa_props
+        props = make(num_clients, rng, **params)
+        train_parts = assign_by_proportions(labels, props, rng)
+        if test_labels is not None:
+            test_parts = assign_by_proportions(test_labels, props, rng)
+    else:
+        draw = {"iid": draw_iid, "dirichlet": draw_dirichlet_pflib, "pathological": draw_pathological_pflib,
+                "shards": draw_shards, "one_class": draw_one_class}[kind]
+        train_parts = draw(labels, num_clients, rng, **params)
+        if test_labels is not None:
+            test_parts = split_like(train_parts, labels, test_labels, rng, params["num_classes"])
+    return train_parts, test_parts
 
 
 def class_proportions(parts: Parts, labels: np.ndarray, num_classes: int) -> np.ndarray:

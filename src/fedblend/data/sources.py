@@ -10,21 +10,19 @@ names (the layout of ``shared/data``)::
 A missing file is downloaded from its canonical URL; if that fails the error names the file, where it was
 looked for and where to get it. A file whose md5 differs raises :class:`ChecksumError` - never a silently wrong
 result.
+
+Where files are and how they are fetched: :mod:`fedblend.data.fetch`; the archive formats:
+:mod:`fedblend.data.readers`; this module has each dataset's loader and the registry.
 """
 
 from __future__ import annotations
 
-import bz2
 import csv
 import gzip
-import hashlib
 import os
 import pickle
-import re
 import tarfile
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,177 +32,26 @@ from fedblend.common import plugins
 from fedblend.common.errors import DataError, FedblendError
 from fedblend.common.guard import plugin_guard
 from fedblend.common.optional import require
+from fedblend.data.fetch import (  # noqa: F401 - imported from here too
+    ENV_VAR,
+    ChecksumError,
+    DataNotFoundError,
+    FileSpec,
+    download_verified,
+    fetch,
+    md5sum,
+    resolve_data_dir,
+)
 from fedblend.data.raw import RawDataset
+from fedblend.data.readers import (  # noqa: F401 - imported from here too
+    encode_texts,
+    read_cifar_tarball,
+    read_idx,
+    read_libsvm,
+    tokenize,
+)
 from fedblend.data.synthetic import SIZES as SYNTHETIC
 from fedblend.data.synthetic import make_synthetic
-
-ENV_VAR = "FEDBLEND_DATA"
-
-
-class DataNotFoundError(FedblendError, FileNotFoundError):
-    """A dataset file is missing and could not be downloaded."""
-
-
-class ChecksumError(FedblendError, ValueError):
-    """A dataset file exists but its md5 is not the canonical one."""
-
-
-@dataclass(frozen=True)
-class FileSpec:
-    name: str
-    md5: str | None
-    url: str | None
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR]).expanduser()
-    return Path("~/.fedblend/data").expanduser()
-
-
-def md5sum(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def download_verified(url: str, path: Path, md5: str | None) -> None:
-    """Download ``url`` to ``path`` through a temporary name (``<name>.part``) that is renamed to ``path`` only
-    after its md5 matches, so a failed or corrupt download never sits under the real name."""
-    tmp = path.with_suffix(path.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            path.parent.mkdir(parents=True, exist_ok=True)  # only once the source answers
-            with open(tmp, "wb") as f:
-                while block := r.read(1 << 20):
-                    f.write(block)
-        if md5 is not None and (got := md5sum(tmp)) != md5:
-            raise ChecksumError(f"the download of {path.name} from {url} has md5 {got}, expected {md5}; it was "
-                                f"discarded (nothing was written to {path}). Try again or fetch it yourself.")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def fetch(data_dir: Path, folder: str, spec: FileSpec, download: bool = True) -> Path:
-    """Path to a verified dataset file; download it when missing; raise with a clear message otherwise."""
-    path = data_dir / folder / spec.name
-    if not path.exists() and download and spec.url:
-        try:
-            download_verified(spec.url, path, spec.md5)
-        except OSError as exc:  # URLError is an OSError
-            where = spec.url or "the dataset's home page"
-            raise DataNotFoundError(
-                f"dataset file {spec.name!r} not found at {path} and the download from {where} failed ({exc}). "
-                f"Download it yourself into {path.parent}, or point --data-dir / ${ENV_VAR} at a directory "
-                f"holding {folder}/{spec.name}."
-            ) from exc
-    if not path.exists():
-        raise DataNotFoundError(
-            f"dataset file {spec.name!r} not found at {path}. Get it from {spec.url or 'its home page'} into "
-            f"{path.parent}, or point --data-dir / ${ENV_VAR} at a directory holding {folder}/{spec.name}."
-        )
-    if spec.md5 is not None:
-        got = md5sum(path)
-        if got != spec.md5:
-            raise ChecksumError(
-                f"{path} has md5 {got}, expected {spec.md5}: the file is corrupt or not the canonical one. "
-                f"Delete it and fetch it again from {spec.url or 'its home page'}."
-            )
-    return path
-
-
-# ---------------------------------------------------------------------------------------------- readers
-
-
-def read_idx(path: Path) -> np.ndarray:
-    """Read a (gzipped) IDX file (MNIST format): magic 2049 = labels, 2051 = images."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    magic = int.from_bytes(data[0:4], "big")
-    ndim = magic & 0xFF
-    if magic >> 8 != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic})")
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if arr.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: truncated IDX file ({arr.size} values, header says {dims})")
-    return arr.reshape(dims)
-
-
-def read_cifar_tarball(path: Path, variant: str = "cifar10") -> tuple[np.ndarray, ...]:
-    """Read the CIFAR-10/100 python tarball: returns uint8 (N,3,32,32) images and int64 labels."""
-    label_key = b"labels" if variant == "cifar10" else b"fine_labels"
-    train_names = [f"data_batch_{i}" for i in range(1, 6)] if variant == "cifar10" else ["train"]
-    test_names = ["test_batch"] if variant == "cifar10" else ["test"]
-    parts: dict[str, dict] = {}
-    with tarfile.open(path, "r:gz") as tar:
-        for member in tar.getmembers():
-            base = member.name.rsplit("/", 1)[-1]
-            if base in train_names + test_names:
-                f = tar.extractfile(member)
-                assert f is not None
-                parts[base] = pickle.load(f, encoding="bytes")
-    missing = [n for n in train_names + test_names if n not in parts]
-    if missing:
-        raise ValueError(f"{path}: tarball lacks {missing}")
-
-    def stack(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        x = np.concatenate([np.asarray(parts[n][b"data"], dtype=np.uint8) for n in names])
-        y = np.concatenate([np.asarray(parts[n][label_key], dtype=np.int64) for n in names])
-        return x.reshape(-1, 3, 32, 32), y
-
-    return (*stack(train_names), *stack(test_names))
-
-
-def read_libsvm(path: Path, num_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read a (bz2) LIBSVM file: dense float32 features (N, F) and the raw integer labels."""
-    opener = bz2.open if str(path).endswith(".bz2") else open
-    xs, ys = [], []
-    with opener(path, "rt") as f:
-        for line in f:
-            tokens = line.split()
-            if not tokens:
-                continue
-            row = np.zeros(num_features, dtype=np.float32)
-            for tok in tokens[1:]:
-                i, v = tok.split(":")
-                row[int(i) - 1] = float(v)
-            ys.append(int(float(tokens[0])))
-            xs.append(row)
-    return np.stack(xs), np.asarray(ys, dtype=np.int64)
-
-
-_TOKEN = re.compile(r"[a-z0-9']+")
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case word tokenizer (letters, digits, apostrophes) for the text datasets."""
-    return _TOKEN.findall(text.lower())
-
-
-def encode_texts(texts: list[str], max_len: int = 200, min_count: int = 1) -> tuple[np.ndarray, dict]:
-    """Token ids (N, max_len), 0 = padding, 1 = unknown; vocabulary sorted by frequency then word."""
-    counts: dict[str, int] = {}
-    tokenized = [tokenize(t) for t in texts]
-    for toks in tokenized:
-        for w in toks:
-            counts[w] = counts.get(w, 0) + 1
-    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-    vocab = {w: i + 2 for i, w in enumerate(words)}
-    ids = np.zeros((len(texts), max_len), dtype=np.int64)
-    for r, toks in enumerate(tokenized):
-        row = [vocab.get(w, 1) for w in toks[:max_len]]
-        ids[r, : len(row)] = row
-    return ids, vocab
-
-
-# ---------------------------------------------------------------------------------------------- datasets
 
 _LECUN = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 _ZALANDO = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
