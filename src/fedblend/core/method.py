@@ -483,7 +483,7 @@ class Method:
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received parameters over the client's own (a head that is not sent stays)."""
+        """Hook: the received parameters over the client's own (a head that is not sent stays)."""
         return {**cstate.get("params", {}), **msg.params()}
 
     def apply_transforms(self, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:

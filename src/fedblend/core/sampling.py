@@ -23,9 +23,13 @@ SCHEMES = ("fixed", "uniform_range")
 class SamplingConfig:
     CHOICES: ClassVar[dict] = {"scheme": SCHEMES}
     RANGES: ClassVar[dict] = {"join_ratio": "(0, 1]", "low": "(0, 1]", "high": "(0, 1]"}
+    #: ``fixed``: round(join_ratio x N) clients; ``uniform_range``: count uniform in [ceil(low N), floor(high N)]
     scheme: str = "fixed"
+    #: scheme ``fixed``: the share of the clients that join each round
     join_ratio: float = 1.0
+    #: uniform_range: lower share (FedAPA: at least 60% join); ``low <= high``
     low: float = 0.6
+    #: uniform_range: upper share
     high: float = 1.0
 
     def validate(self, where: str) -> None:
