@@ -27,6 +27,7 @@ import importlib
 import inspect
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,9 +38,9 @@ COMMAND = "python bookkeeping/gen_docs.py"
 #: the public surface the API reference documents: the method interface (its two halves, their hooks and the
 #: specs they exchange), the parameter helpers a method uses, plug-ins, the contract suite, the Python API and the
 #: results library
-API_MODULES = ("fedblend.core.method", "fedblend.core.message", "fedblend.core.training", "fedblend.core.evaluation",
-               "fedblend.common.params", "fedblend.common.options", "fedblend.common.plugins", "fedblend.testing",
-               "fedblend.api", "fedblend.results", "fedblend.results.runs", "fedblend.results.schema",
+API_MODULES = ("fedblend.core.method", "fedblend.core.message", "fedblend.core.training",
+               "fedblend.core.evaluation", "fedblend.common.params", "fedblend.common.options", "fedblend.common.plugins",
+               "fedblend.testing", "fedblend.api", "fedblend.results", "fedblend.results.runs", "fedblend.results.schema",
                "fedblend.results.stats", "fedblend.results.table", "fedblend.results.compare", "fedblend.results.names",
                "fedblend.results.figures", "fedblend.results.curves", "fedblend.results.heatmaps",
                "fedblend.results.partition", "fedblend.results.diagnostics", "fedblend.results.report")
@@ -210,48 +211,54 @@ def build_api(out: Path, modules: tuple[str, ...] = API_MODULES) -> list[Path]:
     original = pdoc.docstrings.convert
     pdoc.docstrings.convert = _plain_roles(original)
     try:
-        pdoc.pdoc(*modules, output_directory=out)
+        with warnings.catch_warnings():  # fedblend.results exports report, which adds .report a second time
+            warnings.filterwarnings("ignore", "The module specification 'fedblend.results.report' adds")
+            pdoc.pdoc(*modules, output_directory=out)
     finally:
         pdoc.docstrings.convert = original
     return sorted(out.rglob("*.html"))
 
 
 def public_objects(modules: tuple[str, ...] = API_MODULES) -> Iterator[tuple[str, object, str]]:
-    """``(qualified name, object, defining module)`` of every public class, function, method and property of
-    ``modules`` (a module's ``__all__`` where it has one, else its names not starting with ``_`` that it defines;
-    a class's members that it defines itself)."""
+    """``(name, object, defining module)`` of every public class, function, method and property of ``modules``
+    (a module's ``__all__`` where it has one, else the names not starting with ``_`` that it defines; a class's
+    members that it defines itself), each once, named where it is defined (``fedblend.config.RunConfig``, which
+    ``fedblend.api`` exports)."""
+    seen: set[str] = set()
     for modname in modules:
         mod = importlib.import_module(modname)
         names = getattr(mod, "__all__", None) or [n for n, v in vars(mod).items() if not n.startswith("_")
                                                   and getattr(v, "__module__", None) == modname]
         for name in names:
             obj = getattr(mod, name)
-            if inspect.ismodule(obj) or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
                 continue
-            home = getattr(obj, "__module__", modname)
-            yield f"{modname}.{name}", obj, home
+            home = obj.__module__
+            qual = f"{home}.{obj.__qualname__}"
+            if qual in seen:
+                continue
+            seen.add(qual)
+            yield qual, obj, home
             if inspect.isclass(obj):
                 for mname, member in vars(obj).items():
                     if mname.startswith("_") or not (inspect.isfunction(member) or isinstance(
                             member, (property, classmethod, staticmethod))):
                         continue
-                    yield f"{modname}.{name}.{mname}", getattr(obj, mname, member), home
+                    yield f"{qual}.{mname}", getattr(obj, mname, member), home
 
 
 def _docstring(obj: object) -> str:
+    """``obj``'s docstring (a method's may be inherited); a class's own only, not the ``Name(field, ...)`` line
+    ``dataclass`` writes for a class without one."""
+    if inspect.isclass(obj):
+        doc = inspect.cleandoc(vars(obj).get("__doc__") or "")
+        return "" if doc.startswith(f"{obj.__name__}(") else doc
     return inspect.getdoc(obj.fget if isinstance(obj, property) else obj) or ""
 
 
 def missing_docstrings(modules: tuple[str, ...] = API_MODULES) -> list[str]:
     """The public names of ``modules`` without a docstring (an override inherits its base's)."""
-    seen, out = set(), []
-    for qual, obj, _ in public_objects(modules):
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if not _docstring(obj).strip():
-            out.append(qual)
-    return out
+    return [qual for qual, obj, _ in public_objects(modules) if not _docstring(obj).strip()]
 
 
 def resolve(target: str, module: str, owner: str | None = None) -> bool:
@@ -295,9 +302,7 @@ def broken_references(modules: tuple[str, ...] = API_MODULES) -> list[str]:
     out = []
     docs = [(m, inspect.getdoc(importlib.import_module(m)) or "", m, None) for m in modules]
     for qual, obj, home in public_objects(modules):
-        parts = qual[len(home) + 1:].split(".") if qual.startswith(home + ".") else qual.split(".")[-2:]
-        owner = parts[0] if inspect.isclass(getattr(importlib.import_module(home), parts[0], None)) else None
-        docs.append((qual, _docstring(obj), home, owner))
+        docs.append((qual, _docstring(obj), home, qual[len(home) + 1:].split(".")[0]))
     for qual, doc, home, owner in docs:
         for m in ROLE.finditer(doc):
             if not resolve(m.group(2), home, owner):

@@ -139,6 +139,9 @@ SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("t
 
 @dataclass
 class RunConfig:
+    """A run's whole configuration, one field per top-level key and one dataclass per table of the TOML file
+    (``docs/config.md``); :func:`load_config` reads and checks one."""
+
     #: registered method, optionally ``+transform`` (``fedblend methods`` lists them)
     method: str = "fedavg"
     #: ``mnist``, ``fmnist``, ``cifar10``, ``cifar100``, ``ag_news``, ``usps``, ``mnist_star``, ``synthetic``
@@ -216,9 +219,12 @@ class RunConfig:
 
     @property
     def label(self) -> str:
+        """The run's label: ``name``, else ``dataset-partition kind-method``."""
         return self.name or f"{self.dataset}-{self.partition.kind}-{self.method}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain nested dicts: unset (None) table fields left out, the method's options as given
+        (:meth:`resolved` fills in every default)."""
         out: dict[str, Any] = {k: getattr(self, k) for k in SCALARS}
         if not self.init:  # recorded only when set: configs (and hashes) of runs from the seeded draw stay as before
             del out["init"]
@@ -242,6 +248,7 @@ class RunConfig:
         return out
 
     def build_method(self):
+        """The method this config names, with its options, transforms and ``[eval] model``."""
         return build_method(self.method, self.options, self.transforms, self.eval.model)
 
     def input_files(self) -> dict[str, str]:

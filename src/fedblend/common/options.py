@@ -30,6 +30,7 @@ class Range:
 
     @classmethod
     def parse(cls, text: str) -> Range:
+        """The range written as ``"> 0"``, ``"[0, 1)"``, ... (a ``ValueError`` otherwise)."""
         text = text.strip()
         num = r"(-?[\d.]+(?:e-?\d+)?)"
         m = re.fullmatch(rf"(>=|>|<=|<)\s*{num}", text)
@@ -173,6 +174,7 @@ def from_table(cls: type, table: dict[str, Any] | None, where: str) -> Any:
 
 
 def to_table(obj: Any) -> dict[str, Any]:
+    """An options value as a plain dict (a dataclass's fields, or the mapping itself)."""
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
 
 

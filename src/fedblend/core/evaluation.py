@@ -66,6 +66,7 @@ class EvalProtocol:
     model: str | None = None
 
     def validate(self, where: str) -> None:
+        """The cross-field rules of ``[eval]`` (a ``ConfigError`` naming ``where``)."""
         if self.select == "val" and self.split != "test":
             raise ConfigError(f"{where}.select = 'val' picks the round on validation and reports test accuracy; "
                               f"it needs {where}.split = 'test', got {self.split!r}")
@@ -85,6 +86,7 @@ class EvalSpec:
     forward: Forward | None = None
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The logits of this model on the batch ``x``."""
         if self.forward is None:
             return functional_call(model, dict(self.params), (x,))
         return self.forward(model, self.params, x, False)[0]
@@ -109,6 +111,7 @@ class EvalCounts(NamedTuple):
     n: int
 
     def to_metrics(self, prefix: str = "") -> dict[str, int | float]:
+        """The counts as an evaluation reply's metrics: ``{prefix}correct``, ``{prefix}loss``, ``{prefix}n``."""
         return {f"{prefix}correct": int(self.correct), f"{prefix}loss": float(self.loss), f"{prefix}n": int(self.n)}
 
     @classmethod
@@ -120,6 +123,7 @@ class EvalCounts(NamedTuple):
 
     @property
     def nonfinite_loss(self) -> bool:
+        """Whether the summed loss over a non-empty split is NaN / inf."""
         return bool(self.n) and not math.isfinite(self.loss)
 
 

@@ -129,6 +129,9 @@ class TrainSpec:
 
 @dataclass
 class TrainResult:
+    """What running a :class:`TrainSpec` gives: the trained ``params``, the optimiser's ``momentum`` buffers (None without
+    momentum), the ``mean_loss`` over its ``steps`` mini-batches and the ``samples`` seen."""
+
     params: Params
     momentum: Params | None
     mean_loss: float

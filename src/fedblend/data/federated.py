@@ -117,6 +117,7 @@ class PartitionSpec:
             self.train_fraction = 0.65 if self.split == "train_val_test" else 0.75
 
     def validate(self, where: str) -> None:
+        """The cross-field rules of ``[partition]`` (a ``ConfigError`` naming ``where``)."""
         for kind, name in (("indices", "path"), ("flwr", "flwr")):
             if self.kind == kind and not getattr(self, name):
                 raise ConfigError(f"{where}.kind = {kind!r} needs {where}.{name}")
