@@ -1,11 +1,12 @@
 """Built-in methods and transforms are found as plug-ins are: entry points of ``fedblend.methods`` /
 ``fedblend.transforms`` that fedblend's ``pyproject.toml`` declares, read from the installed package's metadata
-(a source tree without an install: from ``pyproject.toml``), each loaded through the plug-in checks
+(in a source tree: from its ``pyproject.toml``), each loaded through the plug-in checks
 (``fedblend.algorithms.registry.admit``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from importlib import metadata
@@ -43,19 +44,24 @@ def _dist_with(tmp_path: Path, entry_points: str) -> metadata.Distribution:
     return metadata.PathDistribution(info)
 
 
-def test_installed_metadata_is_read_before_the_source_tree(tmp_path, monkeypatch):
+def test_an_installed_package_reads_its_metadata(tmp_path, monkeypatch):
+    """Installed from a wheel (no source tree beside the package): the entry points of its metadata."""
     dist = _dist_with(tmp_path, "[fedblend.methods]\nfedavg = fedblend.algorithms.fedavg:FedAvg\n"
                                 "[fedblend.datasets]\nx = a:b\n")
     monkeypatch.setattr(registry.metadata, "distribution", lambda name: dist)
+    monkeypatch.setattr(registry, "SOURCE_PYPROJECT", tmp_path / "pyproject.toml")
     assert registry.builtin_entry_points("method") == {"fedavg": "fedblend.algorithms.fedavg:FedAvg"}
 
 
-def test_a_source_tree_without_an_install_reads_pyproject(monkeypatch):
-    """Not installed (or installed before the built-ins were declared): the source tree's pyproject.toml."""
+@pytest.mark.parametrize("installed", ["none", "stale"])
+def test_a_source_tree_reads_its_pyproject(installed, tmp_path, monkeypatch):
+    """Not installed, or installed from an older pyproject.toml or another checkout: the source tree's own
+    declarations, which match the code that runs."""
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(registry.metadata, "distribution", missing)
+    stale = _dist_with(tmp_path, "[fedblend.methods]\nfedavg = fedblend.algorithms.moved:FedAvg\n")
+    monkeypatch.setattr(registry.metadata, "distribution", missing if installed == "none" else lambda name: stale)
     assert registry.builtin_entry_points("method") == declared("method")
     assert registry.builtin_entry_points("transform") == {"ala": "fedblend.algorithms.ala:ALA"}
 
@@ -71,15 +77,18 @@ def test_neither_metadata_nor_source_tree_is_one_clear_error(tmp_path, monkeypat
 
 
 def test_installed_metadata_matches_pyproject():
-    """A stale install (pyproject.toml changed since ``pip install -e .``) would hide a new built-in."""
+    """Installed from this tree (``pip install -e .``, as CI does), the package's metadata declares what
+    pyproject.toml declares: what a wheel built from it loads. Metadata of another checkout's install says
+    nothing about this tree."""
     try:
-        eps = metadata.distribution("fedblend").entry_points
+        dist = metadata.distribution("fedblend")
     except metadata.PackageNotFoundError:
-        pytest.skip("fedblend is not installed (the source-tree fallback is tested above)")
+        pytest.skip("fedblend is not installed (the source-tree reading is tested above)")
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+    if url != PYPROJECT.parent.as_uri():
+        pytest.skip(f"the installed fedblend is not this tree's ({url or 'no direct_url.json'})")
     for kind in ("method", "transform"):
-        installed = {ep.name: ep.value for ep in eps.select(group=plugins.GROUPS[kind])}
-        if not installed:
-            pytest.skip("the installed fedblend predates its declared built-ins: run pip install -e .")
+        installed = {ep.name: ep.value for ep in dist.entry_points.select(group=plugins.GROUPS[kind])}
         assert installed == declared(kind), "fedblend's installed metadata is stale: run pip install -e ."
 
 

@@ -4,7 +4,8 @@ Built-ins and plug-ins are found the same way: as entry points of the groups ``f
 ``fedblend.transforms`` (:mod:`fedblend.common.plugins`). fedblend declares its own in its ``pyproject.toml``;
 :func:`load_builtins` (run when :mod:`fedblend.algorithms` is imported) loads every one of them through the
 checks a plug-in meets (:func:`admit`), so ``METHODS`` holds every built-in from the start and a plug-in only
-when a config names it.
+when a config names it. In a source tree the declarations are read from its ``pyproject.toml``, in an installed
+package from its metadata (:func:`builtin_entry_points`).
 """
 
 from __future__ import annotations
@@ -78,20 +79,21 @@ SOURCE_PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 def builtin_entry_points(kind: str) -> dict[str, str]:
     """``{name: "module:Class"}`` of fedblend's own entry points of ``kind``'s group (``"method"``:
-    ``fedblend.methods``, ``"transform"``: ``fedblend.transforms``), from the installed package's metadata;
-    where that declares none (a source tree run without ``pip install``, or an install made before the built-ins
-    were declared there), from the source tree's ``pyproject.toml``, else an ``ImportError`` naming the fix."""
+    ``fedblend.methods``, ``"transform"``: ``fedblend.transforms``). Running from a source tree (a checkout, with
+    or without ``pip install -e``), its ``pyproject.toml`` declares them: the installed metadata may be older
+    (``pyproject.toml`` edited since the install) or another checkout's (an editable install elsewhere, this tree
+    first on ``PYTHONPATH``). An installed package (a wheel) has no source tree: its metadata. Neither: an
+    ``ImportError`` naming the fix."""
     group = plugins.GROUPS[kind]
+    source = source_entry_points(group)
+    if source:
+        return source
     try:
-        eps = metadata.distribution("fedblend").entry_points.select(group=group)
-        declared = {ep.name: ep.value for ep in eps}
+        declared = {ep.name: ep.value for ep in metadata.distribution("fedblend").entry_points.select(group=group)}
     except metadata.PackageNotFoundError:
         declared = {}
     if declared:
         return declared
-    source = source_entry_points(group)
-    if source:
-        return source
     raise ImportError(f"fedblend's built-in methods are declared as entry points of group {group!r} in its package "
                       f"metadata, and there is none (and no source tree's pyproject.toml at {SOURCE_PYPROJECT}): "
                       f"install fedblend with pip (pip install -e . in a checkout)")
