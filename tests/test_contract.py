@@ -20,10 +20,11 @@ from fedblend.core.method import ClientTransform
 from fedblend.core.sampling import SamplingConfig
 from fedblend.core.training import TrainConfig
 from fedblend.core.vmap import VmapBackend
-from tests.helpers import without_timings
+from tests.helpers import load_script, without_timings
 from tests.test_shared_suite import SPECS, SUITE_OPTIONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+GEN = load_script("gen_docs", "bookkeeping")
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -81,43 +82,29 @@ def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypa
 
 
 
-HOOKS = ("before_training", "client_init", "scored_params", "local_training", "reply")
+def test_architecture_hook_table_is_the_generated_text():
+    """docs/architecture.md's table of the template's hooks is what ``python bookkeeping/gen_docs.py`` writes from
+    ``Method`` (every member whose docstring starts with "Hook") and the registered methods' overrides."""
+    stale = [p.name for p, _, _ in GEN.stale() if p.name == "architecture.md"]
+    assert stale == [], "docs/architecture.md's hook table is stale: run python bookkeeping/gen_docs.py"
 
 
-def hook_owners(methods) -> dict[str, set[str]]:
-    """``{hook: lower-case names of the classes that define it}`` over the methods' class hierarchies (``Method``
-    itself, which defines every hook, left out)."""
+def test_hook_table_follows_the_class_and_its_overrides():
+    """The generator reads the hooks from the class (a new "Hook" member appears, in definition order) and names
+    exactly the classes that override each one."""
     from fedblend.core.method import Method
 
-    return {h: {k.__name__.lower() for c in methods for k in c.__mro__ if h in vars(k) and k is not Method}
-            for h in HOOKS}
+    assert GEN.hooks(Method) == ["client_init", "before_training", "scored_params", "local_training", "reply"]
 
+    class Grown(Method):
+        def extra_hook(self, msg):
+            """Hook: something new (default: nothing)."""
 
-def documented_hook_owners(text: str) -> dict[str, set[str]]:
-    """The "overridden by" column of the hook table in docs/architecture.md: ``{hook: lower-case class names}``
-    (notes in parentheses and backticks dropped)."""
-    import re
+        def helper(self):
+            """Not a hook."""
 
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"\| `(\w+)\(.*\| (.*) \|$", line)
-        if m and m.group(1) in HOOKS:
-            names = re.sub(r"\([^)]*\)", "", m.group(2)).replace("`", "")
-            out[m.group(1)] = {n.strip().lower() for n in names.split(",") if n.strip()}
-    return out
-
-
-def test_architecture_hook_table_lists_every_override():
-    """docs/architecture.md's table of the template's hooks names exactly the classes that override each one."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
-    assert documented_hook_owners(text) == hook_owners(METHODS.values())
-
-
-def test_hook_table_check_sees_a_missing_and_an_extra_name():
-    table = ("| `client_init(msg, cstate, ctx) -> params` | received over own | FedAMP (Eq. 5), `APPLE` |\n"
-             "| `reply(res, msg, cstate, ctx) -> Message` | shared | Local (nothing) |\n")
-    assert documented_hook_owners(table) == {"client_init": {"fedamp", "apple"}, "reply": {"local"}}
-    owners = hook_owners([METHODS["fedamp"], METHODS["apple"], METHODS["fedavg"]])
-    assert owners["client_init"] == {"fedamp", "apple"} and owners["before_training"] == set()
+    assert GEN.hooks(Grown) == ["extra_hook"]
+    owners = GEN.hook_owners([METHODS["fedamp"], METHODS["apple"], METHODS["fedavg"]], GEN.hooks(Method), Method)
+    assert [k.__name__ for k in owners["client_init"]] == ["APPLE", "FedAMP"] and owners["before_training"] == []
+    row = next(r for r in GEN.hook_table().splitlines() if r.startswith("| `scored_params("))
+    assert row.endswith("| DBE |") and "Params \\| EvalSpec" in row

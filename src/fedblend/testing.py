@@ -338,26 +338,32 @@ class MethodContract:
         return {"options": self.options, "transforms": self.transforms, "model": self.model}
 
     def test_rounds_resume_and_loss(self):
+        """Two rounds, a checkpoint round trip, accuracy in [0, 1], training loss decreasing."""
         with one_thread(), tempfile.TemporaryDirectory() as tmp:
             check_rounds_resume_and_loss(self.method, self.federation(), tmp, **self._args())
 
     def test_partial_participation_and_shared_names(self):
+        """Half the clients per round: states returned as left, replies carry exactly the shared names."""
         with one_thread():
             check_partial_participation(self.method, self.federation(), **self._args())
 
     def test_replies_keep_the_contract(self):
+        """Every training reply passes the engine's reply check (:mod:`fedblend.core.replies`)."""
         with one_thread():
             check_replies(self.method, self.federation(), **self._args())
 
     def test_evaluation_leaves_states_unchanged(self):
+        """Evaluating twice gives the same numbers and changes no state; the states survive the codec."""
         with one_thread():
             check_evaluation_leaves_states_unchanged(self.method, self.federation(), **self._args())
 
     def test_client_half_needs_only_its_own_data(self):
+        """A client half run with only its own client's data gives the same results."""
         with one_thread():
             check_client_half_isolated(self.method, self.federation(), **self._args())
 
     def test_process_backend_equals_sequential(self):
+        """Worker processes give the same results bit for bit (``process_backend = False`` skips it)."""
         if not self.process_backend:
             import pytest
 
@@ -366,6 +372,7 @@ class MethodContract:
             check_process_backend_equals_sequential(self.method, self.federation(), **self._args())
 
     def test_runs_on_cuda(self):
+        """On a CUDA device: deterministic, states on the device, agreeing with the CPU (skipped without one)."""
         if not torch.cuda.is_available():
             import pytest
 

@@ -1,37 +1,12 @@
 """One small module per method, composed from the parts in :mod:`fedblend.core`.
 
-Importing this package registers every built-in method (see :mod:`fedblend.algorithms.registry`).
+Importing this package registers every built-in method and transform: each is an entry point of the group a
+plug-in's is (``fedblend.methods`` / ``fedblend.transforms``, declared in ``pyproject.toml``), loaded by
+:func:`fedblend.algorithms.registry.load_builtins`.
 """
 
-from fedblend.algorithms import (  # noqa: F401  (registration)
-    ala,
-    apfl,
-    apple,
-    dbe,
-    ditto,
-    fedala,
-    fedalp,
-    fedamp,
-    fedapa,
-    fedavg,
-    fedavg_ft,
-    fedbabu,
-    fedfomo,
-    fedgh,
-    fedpac,
-    fedper,
-    fedphp,
-    fedproto,
-    fedprox,
-    fedrep,
-    local,
-    partialfed,
-    perfedavg,
-    pfedhn,
-    pfedla,
-    pfedme,
-    pfedrlla,
-)
-from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method
+from fedblend.algorithms.registry import METHODS, TRANSFORMS, build_method, load_builtins
+
+load_builtins()
 
 __all__ = ["METHODS", "TRANSFORMS", "build_method"]

@@ -1,9 +1,20 @@
-"""Explicit registry of methods and client transforms; ``"fedavg+ala"`` composes a method with transforms."""
+"""Registry of methods and client transforms; ``"fedavg+ala"`` composes a method with transforms.
+
+Built-ins and plug-ins are found the same way: as entry points of the groups ``fedblend.methods`` and
+``fedblend.transforms`` (:mod:`fedblend.common.plugins`). fedblend declares its own in its ``pyproject.toml``;
+:func:`load_builtins` (run when :mod:`fedblend.algorithms` is imported) loads every one of them through the
+checks a plug-in meets (:func:`admit`), so ``METHODS`` holds every built-in from the start and a plug-in only
+when a config names it. In a source tree the declarations are read from its ``pyproject.toml``, in an installed
+package from its metadata (:func:`builtin_entry_points`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from fedblend.common import plugins
@@ -38,19 +49,77 @@ def find_plugin(kind: str, name: str) -> type | None:
     """Method or transform ``name`` from a plug-in (``fedblend.common.plugins``: a ``"pkg.module:Class"`` path or
     an entry point of ``fedblend.methods`` / ``fedblend.transforms``), registered under ``name``; None if there
     is none. Built-in names win (they are in the registry already)."""
-    table, base = (METHODS, Method) if kind == "method" else (TRANSFORMS, ClientTransform)
+    table = METHODS if kind == "method" else TRANSFORMS
     if name in table:
         return table[name]
     obj = plugins.find(kind, name)
-    if obj is None:
-        return None
+    return None if obj is None else admit(kind, name, obj)
+
+
+def admit(kind: str, name: str, obj: Any) -> type:
+    """Check that ``obj`` is a method (``kind`` ``"method"``) or transform class with a dataclass ``options_cls``
+    and register it under ``name``: the checks every plug-in and every built-in meets. A built-in's module
+    registered it already with :func:`register_method` / :func:`register_transform` (under its class's
+    ``name``, which must equal ``name``); another class under a taken name is refused."""
+    table, base = (METHODS, Method) if kind == "method" else (TRANSFORMS, ClientTransform)
     cls = plugins.check_subclass(kind, name, obj, base)
     opts = getattr(cls, "options_cls", None)
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
         returned_wrong(cls, kind, "options_cls", f"{_what(opts)}, not a dataclass (e.g. "
                        f"@dataclass class Options: mu: float = 0.01)", verb="is")
+    if table.get(name, cls) is not cls:
+        raise ValueError(f"{kind} {name!r} registered twice: {table[name].__qualname__} and {cls.__qualname__}")
     table[name] = cls
     return cls
+
+
+#: the ``pyproject.toml`` of a source tree this module runs from (``src/fedblend/algorithms/registry.py``)
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
+
+
+def builtin_entry_points(kind: str) -> dict[str, str]:
+    """``{name: "module:Class"}`` of fedblend's own entry points of ``kind``'s group (``"method"``:
+    ``fedblend.methods``, ``"transform"``: ``fedblend.transforms``). Running from a source tree (a checkout, with
+    or without ``pip install -e``), its ``pyproject.toml`` declares them: the installed metadata may be older
+    (``pyproject.toml`` edited since the install) or another checkout's (an editable install elsewhere, this tree
+    first on ``PYTHONPATH``). An installed package (a wheel) has no source tree: its metadata. Neither: an
+    ``ImportError`` naming the fix."""
+    group = plugins.GROUPS[kind]
+    source = source_entry_points(group)
+    if source:
+        return source
+    try:
+        declared = {ep.name: ep.value for ep in metadata.distribution("fedblend").entry_points.select(group=group)}
+    except metadata.PackageNotFoundError:
+        declared = {}
+    if declared:
+        return declared
+    raise ImportError(f"fedblend's built-in methods are declared as entry points of group {group!r} in its package "
+                      f"metadata, and there is none (and no source tree's pyproject.toml at {SOURCE_PYPROJECT}): "
+                      f"install fedblend with pip (pip install -e . in a checkout)")
+
+
+def source_entry_points(group: str, path: Path | None = None) -> dict[str, str]:
+    """``{name: "module:Class"}`` of ``group`` in fedblend's ``pyproject.toml`` at ``path`` (default:
+    :data:`SOURCE_PYPROJECT`; {} if there is none or it is another project's)."""
+    path = path or SOURCE_PYPROJECT
+    if not path.is_file():
+        return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    project = tomllib.loads(path.read_text()).get("project", {})
+    return dict(project.get("entry-points", {}).get(group, {})) if project.get("name") == "fedblend" else {}
+
+
+def load_builtins() -> None:
+    """Import and register every built-in transform, then method, in name order, each through :func:`admit` (as
+    a plug-in) from its entry point. Each ``"module:Class"`` path is imported as a plug-in's path is, so a
+    declaration that names a missing module or class fails with the plug-in's one-line error."""
+    for kind in ("transform", "method"):
+        for name, path in sorted(builtin_entry_points(kind).items()):
+            admit(kind, name, plugins.find(kind, path))
 
 
 def _what(value: Any) -> str:

@@ -30,6 +30,7 @@ class Range:
 
     @classmethod
     def parse(cls, text: str) -> Range:
+        """The range written as ``"> 0"``, ``"[0, 1)"``, ... (a ``ValueError`` otherwise)."""
         text = text.strip()
         num = r"(-?[\d.]+(?:e-?\d+)?)"
         m = re.fullmatch(rf"(>=|>|<=|<)\s*{num}", text)
@@ -173,6 +174,7 @@ def from_table(cls: type, table: dict[str, Any] | None, where: str) -> Any:
 
 
 def to_table(obj: Any) -> dict[str, Any]:
+    """An options value as a plain dict (a dataclass's fields, or the mapping itself)."""
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
 
 
@@ -187,3 +189,40 @@ def opt(default: Any, help: str, file: bool = False) -> Any:  # noqa: A002 (the 
 def file_fields(options_cls: type) -> list[str]:
     """The fields of an options dataclass declared ``opt(..., file=True)``: paths to files the run reads."""
     return [f.name for f in dataclasses.fields(options_cls) if f.metadata.get("file")]
+
+
+def field_doc(cls: type, name: str) -> str:
+    """The documentation of field ``name`` of the dataclass ``cls``, as ``docs/config.md``'s meaning column and
+    the API reference show it: its ``help`` metadata (:func:`opt`), else the ``#:`` comment lines right above the
+    field in the source of ``cls`` or a base class (``""`` if neither)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name and f.metadata.get("help"):
+            return str(f.metadata["help"])
+    for klass in cls.__mro__:
+        doc = doc_comments(klass).get(name)
+        if doc:
+            return doc
+    return ""
+
+
+def doc_comments(cls: type) -> dict[str, str]:
+    """``{attribute: text}`` of the ``#:`` comments right above the annotated attributes in the body of ``cls``
+    (the Sphinx / pdoc convention; lines joined with spaces); {} where the source cannot be read."""
+    import inspect
+
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return {}
+    out: dict[str, str] = {}
+    block: list[str] = []
+    for line in lines[1:]:
+        text = line.strip()
+        if text.startswith("#:"):
+            block.append(text[2:].strip())
+            continue
+        m = re.match(r"([A-Za-z_]\w*)\s*:", text)
+        if m and block:
+            out[m.group(1)] = " ".join(block)
+        block = []
+    return out

@@ -21,10 +21,12 @@ def layer_of(name: str) -> str:
 
 
 def clone(params: Mapping[str, torch.Tensor]) -> Params:
+    """A detached copy of every tensor."""
     return {k: v.detach().clone() for k, v in params.items()}
 
 
 def select(params: Mapping[str, torch.Tensor], names: Iterable[str]) -> Params:
+    """The entries of ``params`` named in ``names``, in that order (the same tensors)."""
     return {k: params[k] for k in names}
 
 
@@ -71,14 +73,17 @@ def num_bytes(params: Mapping[str, torch.Tensor]) -> int:
 
 
 def num_params(params: Mapping[str, torch.Tensor]) -> int:
+    """The number of scalars in all tensors."""
     return int(sum(t.numel() for t in params.values()))
 
 
 def equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``a`` and ``b`` have the same names and equal tensors."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def sub(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> Params:
+    """``a - b`` per tensor, over ``a``'s names."""
     return {k: a[k] - b[k] for k in a}
 
 

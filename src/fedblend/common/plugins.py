@@ -87,6 +87,7 @@ def check_subclass(kind: str, name: str, obj: Any, base: type) -> type:
 
 
 def check_callable(kind: str, name: str, obj: Any, what: str) -> Any:
+    """``obj`` if it is callable, else a one-line :class:`PluginError` (``what`` it should be)."""
     if not callable(obj):
         raise PluginError(f"{kind} plug-in {name!r} is a {type(obj).__name__}, not {what}")
     return obj

@@ -33,17 +33,21 @@ def _scalar_allowed(name: str) -> str:
     return f"{SCALARS[name].__name__} {SCALAR_RANGES[name]}" if name in SCALAR_RANGES else SCALARS[name].__name__
 
 
-def field_docs() -> dict[str, list[tuple[str, str, str]]]:
-    """``{section heading: [(field, default, allowed), ...]}`` for every field a run config accepts, from the
-    code (types, ``CHOICES``, ``RANGES``): ``docs/config.md`` lists exactly these (``tests/test_config_docs.py``
-    compares them), so the documented ranges cannot drift from the checked ones."""
-    from fedblend.common.options import allowed_text
+def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
+    """``{section heading: [(field, default, allowed, meaning), ...]}`` for every field a run config accepts, from
+    the code (types, ``CHOICES``, ``RANGES``, and each field's documentation,
+    :func:`fedblend.common.options.field_doc`): ``docs/config.md``'s tables are generated from these
+    (``python bookkeeping/gen_docs.py``; ``tests/test_config_docs.py`` fails when they are stale), so the
+    documented ranges cannot drift from the checked ones."""
+    from fedblend.common.options import allowed_text, field_doc
 
     default = RunConfig()
-    out = {"Top level": [(k, _fmt_default(getattr(default, k)), _scalar_allowed(k)) for k in SCALARS]}
+    out = {"Top level": [(k, _fmt_default(getattr(default, k)), _scalar_allowed(k), field_doc(RunConfig, k))
+                         for k in SCALARS]}
 
-    def table(cls: type) -> list[tuple[str, str, str]]:
-        return [(f.name, _fmt_default(f.default), allowed_text(cls, f.name)) for f in dataclasses.fields(cls)]
+    def table(cls: type) -> list[tuple[str, str, str, str]]:
+        return [(f.name, _fmt_default(f.default), allowed_text(cls, f.name), field_doc(cls, f.name))
+                for f in dataclasses.fields(cls)]
 
     for name, cls in TABLES.items():
         out[f"`[{name}]`"] = table(cls)

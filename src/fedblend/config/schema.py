@@ -27,21 +27,37 @@ class LogConfig:
 
     CHOICES: ClassVar[dict] = {"wandb_mode": ("offline", "online"), "on_error": ("stop", "warn")}
 
-    tensorboard: bool = False  # every metrics row to OUT/tensorboard as it happens (pip install 'fedblend[tensorboard]')
-    plot: bool = True  # OUT/accuracy.png (personalized and global accuracy per round) at the end (needs matplotlib)
-    mlflow: bool = field(default=False, metadata={"help": "every metrics row to MLflow as it happens, one run per "
-                                                          "results directory (pip install 'fedblend[mlflow]')"})
-    mlflow_uri: str = field(default="", metadata={"help": "MLflow tracking URI; empty = a local file store in "
-                                                          "OUT/mlruns (no server)"})
-    mlflow_experiment: str = field(default="fedblend", metadata={"help": "MLflow experiment the run is logged under"})
-    wandb: bool = field(default=False, metadata={"help": "every metrics row to Weights & Biases as it happens "
-                                                         "(pip install 'fedblend[wandb]')"})
-    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (files in OUT/wandb, `wandb "
-                                                                 "sync` uploads them later) or online"})
-    wandb_project: str = field(default="fedblend", metadata={"help": "W&B project the run is logged under"})
-    on_error: str = field(default="stop", metadata={"help": "a tracker that fails (store unusable, server "
-                                                             "unreachable): stop the run in one line naming it, or "
-                                                             "warn once and go on without it"})
+    #: write every metrics row to ``OUT/tensorboard/`` (TensorBoard event files, one scalar per ``metrics.csv`` column,
+    #: step = round) as it happens; needs ``pip install 'fedblend[tensorboard]'``. ``fedblend export tensorboard
+    #: RUN_DIR`` does the same for a finished run
+    tensorboard: bool = False
+    #: write ``OUT/accuracy.png`` (personalized test accuracy per round with the clients' 10th-90th percentile band and
+    #: the worst client, and the global model's, titled by method, setting and seed) at the end of the run; skipped with
+    #: a warning without matplotlib (``pip install 'fedblend[plot]'``)
+    plot: bool = True
+    #: log every metrics row to MLflow as it happens (one MLflow run per results directory, continued on ``--resume``;
+    #: the resolved config as parameters); needs ``pip install 'fedblend[mlflow]'``. ``fedblend export mlflow RUN_DIR``
+    #: does the same for a finished run
+    mlflow: bool = False
+    #: MLflow tracking URI; empty = a local file store in ``OUT/mlruns`` (no server; read it back as docs/workflow.md
+    #: says: MLflow 3 needs ``MLFLOW_ALLOW_FILE_STORE=true``, its UI the full ``mlflow`` package); or e.g.
+    #: ``sqlite:///mlflow.db``, a server's URL (checked before round 1: a server that does not answer in 10 s stops the
+    #: run in one line)
+    mlflow_uri: str = ""
+    #: MLflow experiment the run is logged under
+    mlflow_experiment: str = "fedblend"
+    #: log every metrics row to Weights & Biases as it happens, with the resolved config; needs ``pip install
+    #: 'fedblend[wandb]'``. ``fedblend export wandb RUN_DIR`` does the same for a finished run
+    wandb: bool = False
+    #: ``offline``: the run's files in ``OUT/wandb`` (``wandb sync OUT/wandb/offline-run-*`` uploads them later);
+    #: ``online``: logged live (needs ``wandb login``)
+    wandb_mode: str = "offline"
+    #: W&B project the run is logged under
+    wandb_project: str = "fedblend"
+    #: a tracker that fails (its store unusable, its server unreachable, ``.mlflow_run`` damaged, a write failing
+    #: mid-run): ``stop`` ends the run in one line naming the tracker, its store and the fix (exit 1); ``warn`` warns
+    #: once and the run goes on without that tracker
+    on_error: str = "stop"
 
 
 TABLES = {"partition": PartitionSpec, "train": TrainConfig, "sampling": SamplingConfig, "eval": EvalProtocol,
@@ -77,21 +93,75 @@ SPLIT_ONLY = {"train_fraction": ("merge", "train_val_test"), "val_fraction": ("t
 
 @dataclass
 class RunConfig:
+    """A run's whole configuration, one field per top-level key and one dataclass per table of the TOML file
+    (``docs/config.md``); :func:`fedblend.config.load_config` reads and checks one."""
+
+    #: registered method, optionally ``+transform`` (``fedblend methods`` lists them)
     method: str = "fedavg"
+    #: ``mnist``, ``fmnist``, ``cifar10``, ``cifar100``, ``ag_news``, ``usps``, ``mnist_star``, ``synthetic``
+    #: (``synthetic-64k`` and ``synthetic-1m``: larger synthetic sets for the speed proxy and the cross-device scale
+    #: configs; ``mnist_star``: pFedRLLA's MNIST* domain mix, 3x28x28: MNIST, USPS resized to 28x28, and
+    #: ``mnist-texture``, MNIST digits over random colour textures, a stand-in for MNIST-M, which is not available;
+    #: ``usps`` and ``mnist_star`` read ``usps.h5`` with ``h5py``: ``pip install 'fedblend[usps]'``, else a run stops in
+    #: one line before it writes anything)
     dataset: str = "fmnist"
+    #: ``cnn4``, ``lenet5``, ``cnn5``, ``mlp``, ``fasttext``
     model: str = "lenet5"
+    #: communication rounds
     rounds: int = 50
+    #: the one seed every random stream derives from
     seed: int = 0
+    #: rounds between checkpoints (0 = never)
     checkpoint_every: int = 10
+    #: label used by ``fedblend report`` to group seeds (default dataset-partition-method)
     name: str = ""
+    #: ``cpu``, ``cuda``, ``auto`` (cuda when available); ``--device`` overrides. Model and client data move once
     device: str = "cpu"
+    #: how client halves run: ``sequential`` (this process), ``processes`` (worker processes, CPU only; bit-identical
+    #: results at the same per-process thread count), ``vmap`` (same-signature training specs of a round's clients as one
+    #: batched computation, for GPUs; equal to sequential within float tolerance, not bit for bit) or ``flower-sim``
+    #: (Flower's Simulation Engine: ClientApps in ``workers`` Ray actors, or on the Ray cluster of ``RAY_ADDRESS``; CPU
+    #: only; bit-identical to sequential; ``fedblend run`` only, cannot be resumed; extra ``simulation``,
+    #: docs/deploy.md#4-simulation-on-flowers-simulation-engine-ray); ``--backend`` overrides
     backend: str = "sequential"
+    #: worker processes of ``backend = "processes"``, Ray actors of a local ``flower-sim`` (client ``c`` runs in worker
+    #: ``c % workers``; each worker gets ``threads / workers`` torch threads, at least 1); ``--workers`` overrides.
+    #: Measured on 2 cores (docs/benchmarks.md): two one-thread workers run a T1 round 1.08x and a T3 round 1.02x faster
+    #: than one two-thread process; each worker holds a copy of its clients' data and API scripts need a ``__main__``
+    #: guard, so ``sequential`` with ``--threads`` = cores stays the default
     workers: int = 2
+    #: a client update or a client's new state (what it keeps without uploading, e.g. Ditto's personalized model) with
+    #: NaN / inf, checked before aggregation: ``stop`` the run (summary.json says ``"status": "diverged"``, and it and
+    #: the error line say which client and round) or ``skip`` that client's update and state for the round (listed in
+    #: ``nonfinite_clients`` of metrics.jsonl and ``nonfinite_skipped`` of summary.json); a round whose every update is
+    #: skipped has diverged (``on_divergence``)
     on_nonfinite: str = "stop"
+    #: where client states live between rounds: in ``memory``, or on ``disk`` under ``OUT/clients/`` (one file per client
+    #: through the state codec; only the round's clients are in memory). A checkpoint of the disk store is a new snapshot
+    #: directory ``OUT/clients.ckpt/round<N>-<id>/`` of hard links, named in ``checkpoint.pt`` with the sha256 of every
+    #: file; ``checkpoint.pt`` is replaced atomically after the snapshot is complete and older snapshots are removed only
+    #: then, so ``--resume`` works after a failure at any point (see docs/workflow.md#checkpoints-and-resume). Results
+    #: are identical either way, so it may change on ``--resume``
     store: str = "memory"
+    #: a run that diverges (NaN / inf in the server state, in a client's state or ``train_loss``, in a personalized or
+    #: global model's evaluation loss; every update of a round skipped by ``on_nonfinite = "skip"``; or a ``train_loss``
+    #: past the bound of ``divergence_factor``): ``stop`` it after that round, or ``warn`` once and go on. Either way the
+    #: round's row in metrics.jsonl carries ``"diverged": reason``, summary.json says ``"status": "diverged"`` with
+    #: ``divergence`` = {round, reason}, the command ends with one ``fedblend: error:`` line and exit 1: a diverged run
+    #: is never a result. Runtime only (not in the hash; may change on ``--resume``)
     on_divergence: str = "stop"
+    #: the finite loss explosion bound: a round whose ``train_loss`` exceeds ``divergence_factor x max(ln C, L1)`` has
+    #: diverged (``C`` classes, ``L1`` the run's first recorded ``train_loss``; round 1 itself is held to
+    #: ``divergence_factor x ln C``, 230 for 10 classes). At 100 no benchmark config comes near it (their losses only
+    #: fall below round 1's); MNIST at ``train.lr = 1000`` (train loss about 1e10) is caught in round 1. Runtime only
     divergence_factor: float = 100.0
-    # initial model weights: a state_dict file (torch.save) loaded in place of the seeded draw; "" = the draw
+    #: initial model weights: a ``state_dict`` file (``torch.save(model.state_dict(), PATH)``, tensors only, a path
+    #: relative to the working directory) loaded in place of the seeded draw, e.g. a pretrained model or a reference
+    #: implementation's initial weights (docs/validation.md, FedBABU). Every parameter and buffer of the model must be in
+    #: it with the model's shape, nothing else: otherwise a one-line error names the missing, unexpected or misshapen
+    #: tensors. ``""``: drawn from the seed. Recorded in config.toml and the hash only when set (the file's path); the
+    #: file's sha256 is recorded in the run identity (``summary.json`` ``run.inputs``, a ``# input`` line heading
+    #: config.toml), as for ``partition.path`` and pFedRLLA's ``options.agent``
     init: str = ""
     partition: PartitionSpec = field(default_factory=PartitionSpec)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -103,9 +173,12 @@ class RunConfig:
 
     @property
     def label(self) -> str:
+        """The run's label: ``name``, else ``dataset-partition kind-method``."""
         return self.name or f"{self.dataset}-{self.partition.kind}-{self.method}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain nested dicts: unset (None) table fields left out, the method's options as given
+        (:meth:`resolved` fills in every default)."""
         out: dict[str, Any] = {k: getattr(self, k) for k in SCALARS}
         if not self.init:  # recorded only when set: configs (and hashes) of runs from the seeded draw stay as before
             del out["init"]
@@ -129,6 +202,7 @@ class RunConfig:
         return out
 
     def build_method(self):
+        """The method this config names, with its options, transforms and ``[eval] model``."""
         return build_method(self.method, self.options, self.transforms, self.eval.model)
 
     def input_files(self) -> dict[str, str]:

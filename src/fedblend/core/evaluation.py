@@ -33,23 +33,40 @@ class EvalProtocol:
     CHOICES: ClassVar[dict] = {"split": ("test", "val"), "report": ("best", "final"), "select": ("test", "val")}
     RANGES: ClassVar[dict] = {"every": "[1, 1000000]", "batch_size": "[1, 1000000]", "clients": "[1, 100000]", "target": "(0, 1]"}
 
-    every: int = 1  # evaluate every k rounds (and always at the last round)
-    split: str = "test"  # "test" or "val"
+    #: evaluate every k rounds (and the last)
+    every: int = 1
+    #: ``val`` needs ``partition.split = "train_val_test"``
+    split: str = "test"
+    #: evaluation batch
     batch_size: int = 2048
-    report: str = "best"  # headline number: "best" round or "final" round (both are always recorded)
-    select: str = "test"  # "val": also evaluate on validation; the headline is test accuracy at the best-val round
-    clients: int | None = None  # evaluate this many clients per evaluated round (a seeded subset), None = all
-    #: also score each training client's model before ("bp_acc") and after ("ap_acc") its local training, on
-    #: ``split``, pooled over the round's participants (pFedRLLA Table 2's BP / AP)
+    #: headline ``accuracy`` in summary.json: ``best`` or ``final`` round (both always recorded)
+    report: str = "best"
+    #: ``val``: evaluate validation and test every evaluated round; the headline ``accuracy`` is the test accuracy at the
+    #: best-validation round (``selected_round``, ``test_accuracy_at_best_val``), best and final test recorded beside it.
+    #: Needs ``partition.split = "train_val_test"``, ``split = "test"``, ``report = "best"``
+    select: str = "test"
+    #: evaluate only this many clients per evaluated round, a subset drawn from the seed tree (the same for every method
+    #: and backend with this seed, a different one each round; ``eval_clients`` in metrics). The reported accuracy is
+    #: then pooled over that subset: an estimate of the all-client number, noisier with fewer clients. Use it (or
+    #: ``every``, which evaluates every k-th round and the last) when evaluation dominates a large run
+    clients: int | None = None
+    #: also score every training client's model before (``bp_acc``: the model it trains from, i.e. what it received after
+    #: any transform) and after (``ap_acc``) its local training, on ``split``, pooled over the round's participants;
+    #: summary.json gains ``bp_/ap_best_accuracy``, ``bp_/ap_final_accuracy`` (pFedRLLA Table 2). Works for every method
+    #: that uses the client template (``Method.client_train``)
     before_after: bool = False
-    #: summary.json's ``rounds_to_target``: the first round whose accuracy reaches this (None: not reported)
+    #: summary.json's ``rounds_to_target``: the first round whose accuracy reaches ``target`` (``null`` if never)
     target: float | None = None
-    #: which model of each client the personalized accuracy evaluates: one of the choices the method offers
-    #: (``Method.eval_choices``: "received", "trained", or a method's own, e.g. FedPHP's "hpm"); None: the
-    #: method's default, its paper's
+    #: which model of each client the personalized accuracy (``acc``) evaluates: one of the method's choices below; unset
+    #: = its default, the method's paper (``"received"``: what the client would start training from now; ``"trained"``:
+    #: its model after its last local training; the others are the method's own, described on its page in
+    #: ``docs/methods/``). The summary's ``protocol.personalized_model`` says it in words. A config that sets one of the
+    #: earlier per-method options (``[options] eval`` of dbe, fedgh, fedphp, fedproto, pfedhn, pfedla, fedala;
+    #: ``eval_global`` of apfl; ``[ala] eval``) loads with a warning, read as this field
     model: str | None = None
 
     def validate(self, where: str) -> None:
+        """The cross-field rules of ``[eval]`` (a ``ConfigError`` naming ``where``)."""
         if self.select == "val" and self.split != "test":
             raise ConfigError(f"{where}.select = 'val' picks the round on validation and reports test accuracy; "
                               f"it needs {where}.split = 'test', got {self.split!r}")
@@ -69,6 +86,7 @@ class EvalSpec:
     forward: Forward | None = None
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The logits of this model on the batch ``x``."""
         if self.forward is None:
             return functional_call(model, dict(self.params), (x,))
         return self.forward(model, self.params, x, False)[0]
@@ -93,6 +111,7 @@ class EvalCounts(NamedTuple):
     n: int
 
     def to_metrics(self, prefix: str = "") -> dict[str, int | float]:
+        """The counts as an evaluation reply's metrics: ``{prefix}correct``, ``{prefix}loss``, ``{prefix}n``."""
         return {f"{prefix}correct": int(self.correct), f"{prefix}loss": float(self.loss), f"{prefix}n": int(self.n)}
 
     @classmethod
@@ -104,6 +123,7 @@ class EvalCounts(NamedTuple):
 
     @property
     def nonfinite_loss(self) -> bool:
+        """Whether the summed loss over a non-empty split is NaN / inf."""
         return bool(self.n) and not math.isfinite(self.loss)
 
 

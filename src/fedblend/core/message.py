@@ -28,6 +28,10 @@ from fedblend.common.params import Params
 
 @dataclass
 class Message:
+    """One message of an exchange, server to client or a reply: ``arrays`` (named parameter records, ``{"params": {name:
+    tensor}}``), ``metrics`` (numbers the sender reports: a training reply's ``num_samples``, an evaluation's counts) and
+    ``config`` (the server's instructions, downlink only); the rules: module docstring."""
+
     arrays: dict[str, Params] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
@@ -38,6 +42,7 @@ class Message:
 
     @property
     def num_bytes(self) -> int:
+        """What the message costs on the wire: the bytes of its tensors."""
         return comm_bytes(self.arrays)
 
     def to_arrays(self) -> dict[str, Any]:
@@ -46,6 +51,7 @@ class Message:
 
     @classmethod
     def from_arrays(cls, flat: Mapping[str, Any], device: str | torch.device | None = None) -> Message:
+        """The message that :meth:`to_arrays` wrote, its tensors on ``device``."""
         d = decode(flat, device)
         return cls(d["arrays"], d["metrics"], d["config"])
 

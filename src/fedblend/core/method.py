@@ -47,7 +47,7 @@ with its transforms' in :meth:`Method.eval_choices`; the first is the default, i
 (what the client would start training from now, ``client_init`` of the evaluation message), ``"trained"`` (its
 model after its last local training) or a method's own (FedPHP's ``"hpm"``, FedProto's ``"proto"``, ALA's
 ``"ala"``). The client half answers with an :class:`~fedblend.core.evaluation.EvalSpec`, parameters and, where
-the method classifies otherwise than the model's forward pass, its own :class:`Forward`::
+the method classifies otherwise than the model's forward pass, its own :class:`~fedblend.core.training.Forward`::
 
     spec = evaluate(msg, cstate)             # EvalSpec(eval_params(...)); FedProto, DBE: their own forward
     params = eval_params(msg, cstate)        # personalized_params (the choice), then each transform's
@@ -144,6 +144,7 @@ class RunInfo:
 
     @property
     def client_ids(self) -> range:
+        """The clients' ids, ``range(num_clients)``."""
         return range(self.num_clients)
 
 
@@ -159,6 +160,7 @@ class ServerCtx:
 
     @property
     def model(self) -> FedModel:
+        """The run's model (``run.model``): its architecture, parameter names and head."""
         return self.run.model
 
 
@@ -187,10 +189,12 @@ class ClientCtx:
 
     @property
     def model(self) -> FedModel:
+        """The run's model (``run.model``): its architecture, parameter names and head."""
         return self.run.model
 
     @property
     def train(self) -> TrainConfig:
+        """The run's client optimiser settings (``run.train``: lr, epochs, batch size, ...)."""
         return self.run.train
 
 
@@ -243,19 +247,23 @@ class ClientTransform:
 
     @property
     def key(self) -> str:
+        """Where the transform keeps its state in the client state: ``cstate[self.key]`` (its name)."""
         return self.name
 
     def check_model(self, method: Method, model: FedModel) -> None:
-        """Refuse options that do not fit ``model`` (a :class:`ConfigError` naming the field), before the run
-        starts; called by :meth:`Method.check_model`."""
+        """Refuse options that do not fit ``model`` (a :class:`~fedblend.common.errors.ConfigError` naming the
+        field), before the run starts; called by :meth:`Method.check_model`."""
 
     def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
+        """Called by the template after ``client_init``: the parameters to train from, and the client state."""
         raise NotImplementedError
 
     def after_train(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> State:
+        """Called after local training with the trained parameters; returns the client state (default: unchanged)."""
         return cstate
 
     def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
+        """The parameters evaluated with this transform on, from the host's ``params`` (default: unchanged)."""
         return params
 
     def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
@@ -283,7 +291,9 @@ class Method:
     (:class:`Traits`), resolved from them, the options and the transforms when the method is built. A method
     whose options change a declaration says so in :meth:`resolve_traits`, nowhere else."""
 
+    #: the name configs use (``method = "fedavg"``); a plug-in's entry point registers it under this name
     name: ClassVar[str] = "method"
+    #: the dataclass of the method's ``[options]`` table (fields written with :func:`fedblend.common.options.opt`)
     options_cls: ClassVar[type] = NoOptions
     paper: ClassVar[str] = ""
     #: what the reported personalized accuracy evaluates, written into every result
@@ -412,17 +422,21 @@ class Method:
     # ----------------------------------------------------------------------------------------- helpers
     @property
     def label(self) -> str:
+        """The method with its transforms, as a config names it: ``"fedprox+ala"``."""
         return "+".join([self.name] + [t.name for t in self.transforms])
 
     def shared_names(self, run: RunInfo) -> list[str]:
+        """The names of the parameters that travel: all of them, or the body only (``traits.shares == "body"``)."""
         return list(run.init_params) if self.traits.shares == "all" else run.model.body_names()
 
     @classmethod
     def pretrain_options(cls, options: Mapping[str, Any]) -> dict:
+        """The options of the pre-training run made from a run's ``options`` (``pretrainable`` methods only)."""
         raise NotImplementedError(f"{cls.name} has no pre-training run")
 
     @classmethod
     def save_pretrained(cls, server: State, path: Any) -> Any:
+        """Write what the pre-training run learned, from its final server ``state``, to ``path``."""
         raise NotImplementedError(f"{cls.name} has no pre-training run")
 
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
@@ -438,28 +452,40 @@ class Method:
 
     # ========================================================================================= server half
     def init_server(self, sctx: ServerCtx) -> State:
+        """Server half: the server state before round 1, plain data: ``{"global": the initial parameters}``; a method
+        that keeps more (server momentum, per-client models) adds its entries."""
         return {"global": clone(sctx.run.init_params)}
 
     def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Server half: the message to client ``cid`` for ``phase`` of the round (``"train"``:
+        :meth:`configure_train`; a method with more :meth:`phases` routes them here)."""
         if phase == "train":
             return self.configure_train(server, cid, sctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        """Server half: the new server state from ``phase``'s replies, ``{cid: Message}`` (``"train"``:
+        :meth:`aggregate_train`)."""
         if phase == "train":
             return self.aggregate_train(server, replies, sctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
+        """Server half: the training message to client ``cid``, the shared part (:meth:`shared_names`) of the global
+        model as record ``"params"``."""
         return Message({"params": select(server["global"], self.shared_names(sctx.run))})
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
-        """FedAvg (McMahan et al. 2017, Alg. 1): data-size-weighted mean of the uploaded parameters."""
+        """Server half: the new server state from the round's training replies ``{cid: Message}``. FedAvg
+        (McMahan et al. 2017, Alg. 1): the mean of the replies' ``params()`` weighted by their
+        ``metrics["num_samples"]`` (:func:`~fedblend.common.params.weighted_average`), over ``server["global"]``."""
         cids = sorted(replies)
         avg = weighted_average([replies[c].params() for c in cids], [replies[c].metrics["num_samples"] for c in cids])
         return {**server, "global": {**server["global"], **avg}}
 
     def global_params(self, server: State) -> Params | None:
+        """The global model in ``server`` (its accuracy is reported beside the personalized one); None for a method
+        without one."""
         return server.get("global") if self.traits.has_global else None
 
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
@@ -475,18 +501,23 @@ class Method:
 
     # ========================================================================================= client half
     def init_client(self, ctx: ClientCtx) -> State:
+        """Client half: the client's state at first contact, plain data: a copy of the initial model where the client
+        keeps one (``traits.keeps_model``), else empty."""
         return {"params": clone(ctx.run.init_params)} if self.traits.keeps_model else {}
 
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
+        """Client half of one exchange: a generator that yields TrainSpecs and returns ``(reply, new state)``
+        (``"train"``: the template, :meth:`client_train`)."""
         if phase == "train":
             return self.client_train(msg, cstate, ctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """The received parameters over the client's own (a head that is not sent stays)."""
+        """Hook: the received parameters over the client's own (a head that is not sent stays)."""
         return {**cstate.get("params", {}), **msg.params()}
 
     def apply_transforms(self, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
+        """Apply each client transform in turn (the template calls it after ``client_init``)."""
         for t in self.transforms:
             params, cstate = t.apply(self, params, cstate, ctx)
         return params, cstate
@@ -533,7 +564,8 @@ class Method:
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """Hook: the training reply, from the trained model (``res.params``; ``res.extras`` holds what the
-        method's ``local_training`` left for it): the shared parameters and ``num_samples``."""
+        method's ``local_training`` left for it): the shared parameters as record ``"params"`` and the client's
+        training samples as metric ``num_samples``."""
         shared = select(res.params, self.shared_names(ctx.run))
         return Message({"params": shared}, {"num_samples": ctx.data.num_train})
 

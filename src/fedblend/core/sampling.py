@@ -21,14 +21,21 @@ SCHEMES = ("fixed", "uniform_range")
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """Which clients join each round (the ``[sampling]`` table of a run config)."""
+
     CHOICES: ClassVar[dict] = {"scheme": SCHEMES}
     RANGES: ClassVar[dict] = {"join_ratio": "(0, 1]", "low": "(0, 1]", "high": "(0, 1]"}
+    #: ``fixed``: round(join_ratio x N) clients; ``uniform_range``: count uniform in [ceil(low N), floor(high N)]
     scheme: str = "fixed"
+    #: scheme ``fixed``: the share of the clients that join each round
     join_ratio: float = 1.0
+    #: uniform_range: lower share (FedAPA: at least 60% join); ``low <= high``
     low: float = 0.6
+    #: uniform_range: upper share
     high: float = 1.0
 
     def validate(self, where: str) -> None:
+        """The cross-field rule of ``[sampling]``: ``low <= high``."""
         if self.low > self.high:
             raise ConfigError(f"{where}.low must be <= {where}.high, got low = {self.low}, high = {self.high}")
 

@@ -39,13 +39,21 @@ class TrainConfig:
     RANGES: ClassVar[dict] = {"lr": "> 0", "momentum": "[0, 1)", "weight_decay": ">= 0", "batch_size": "[1, 1000000]",
                               "epochs": "[1, 10000]"}
 
+    #: SGD learning rate
     lr: float = 0.01
+    #: SGD momentum
     momentum: float = 0.0
+    #: SGD weight decay (L2 penalty)
     weight_decay: float = 0.0
+    #: local training mini-batch size
     batch_size: int = 64
+    #: local epochs per round
     epochs: int = 1
-    optimizer_state: str = "reset"  # "keep": momentum buffers persist across rounds in the client state
-    drop_last: bool = False  # True: drop each epoch's last partial batch (PFLlib's DataLoader(drop_last=True))
+    #: ``keep``: momentum buffers persist across rounds in the client state (FedAPA's code)
+    optimizer_state: str = "reset"
+    #: drop each local epoch's last partial batch, as PFLlib's ``DataLoader(drop_last=True)`` (a client with fewer than
+    #: ``batch_size`` training samples then does not train); default: kept, ``ceil(n / batch_size)`` steps per epoch
+    drop_last: bool = False
 
 
 @dataclass
@@ -145,6 +153,9 @@ class TrainSpec:
 
 @dataclass
 class TrainResult:
+    """What running a :class:`TrainSpec` gives: the trained ``params``, the optimiser's ``momentum`` buffers (None without
+    momentum), the ``mean_loss`` over its ``steps`` mini-batches and the ``samples`` seen."""
+
     params: Params
     momentum: Params | None
     mean_loss: float

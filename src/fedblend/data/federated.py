@@ -56,26 +56,59 @@ class PartitionSpec:
                               "max_tries": "[1, 100000]", "train_fraction": "(0, 1)", "val_fraction": "(0, 1)",
                               "test_per_client": "[1, 1000000000]", "pool_fraction": "(0, 1]"}
 
+    #: ``iid``, ``dirichlet``, ``pathological``, ``shards``, ``one_class``, ``domains`` (every client's data from one
+    #: domain of a multi-domain dataset, ``mnist_star``; split ``merge`` or ``train_val_test``); ``indices``: a partition
+    #: read from ``path`` (a PFLlib folder or a fedblend ``partition.json``); ``flwr``: a flwr-datasets partitioner
+    #: (``flwr``, ``flwr_options``)
     kind: str = "dirichlet"
+    #: ``pflib`` or ``fedapa`` flavour of ``dirichlet`` / ``pathological``
     rule: str = "pflib"
+    #: number of clients the data is partitioned into
     num_clients: int = 20
+    #: Dirichlet concentration (> 0)
     alpha: float = 0.1
+    #: kind ``pathological``: classes per client
     classes_per_client: int = 2
+    #: kind ``shards``: shards per client
     shards_per_client: int = 2
+    #: kind ``one_class``: samples per client
     samples_per_client: int = 500
+    #: kind ``pathological``, rule ``pflib``: equal sample counts per client
     balanced: bool = False
+    #: redraw until every client has this many training samples (unset: the rule's, PFLlib dir: min(40, N/clients/2);
+    #: FedAPA: 129)
     min_samples: int | None = None
+    #: official split only: redraw until every client has this many test samples (unset: the rule's; FedAPA: 3)
     min_test_samples: int | None = None
+    #: redraws before failing
     max_tries: int = 1000
+    #: ``official``, ``merge``, ``train_val_test``
     split: str = "merge"
-    train_fraction: float | None = None  # unset: the split's own share (see __post_init__)
+    #: merge / train_val_test only: training share per client (``train_fraction + val_fraction < 1``; unset: 0.75 for
+    #: merge, PFLlib's 75/25, and 0.65 for train_val_test, pFedRLLA's 65/15/20)
+    train_fraction: float | None = None
+    #: train_val_test only: validation share per client
     val_fraction: float = 0.15
+    #: official split only: fixed test samples per client with its class mix (FedALP: 100)
     test_per_client: int | None = None
-    domain_shares: tuple[float, ...] = (0.4, 0.4, 0.2)  # kind "domains": share of clients per domain (MNIST*)
-    path: str | None = None  # kind "indices": a PFLlib folder (train/ test/ *.npz) or a fedblend partition.json
-    flwr: str | None = None  # kind "flwr": a flwr-datasets partitioner class, e.g. "DirichletPartitioner"
-    flwr_options: dict | None = None  # kind "flwr": its keyword arguments, e.g. {alpha = 0.1}
-    pool_fraction: float = 1.0  # keep a seeded uniform random share of the pool before drawing (cheap runs)
+    #: kind ``domains``: share of the clients per domain, in the dataset's domain order (MNIST*: MNIST, USPS,
+    #: mnist-texture; paper App. B.1 test setting)
+    domain_shares: tuple[float, ...] = (0.4, 0.4, 0.2)
+    #: kind ``indices`` only: a PFLlib partition folder (``train/{k}.npz``, ``test/{k}.npz``; split ``merge``, PFLlib's
+    #: own, or ``official``) or a fedblend ``partition.json`` (same split and dataset); ``num_clients`` must equal its
+    #: client count
+    path: str | None = None
+    #: kind ``flwr`` only: a flwr-datasets partitioner class, e.g. ``"DirichletPartitioner"`` (``pip install
+    #: 'fedblend[flwr-datasets]'``); it partitions the pool's labels, then the split applies as for the other kinds
+    flwr: str | None = None
+    #: kind ``flwr`` only: the partitioner's keyword arguments as an inline table, e.g. ``{alpha = 0.1,
+    #: min_partition_size = 10}``; ``num_partitions`` (= ``num_clients``), ``partition_by`` (``"label"``) and ``seed``
+    #: (the run's seed) are filled in unless given
+    flwr_options: dict | None = None
+    #: keep a seeded uniform random share of the pool (train + test merged) before the partition is drawn, for cheap runs
+    #: on the same data in fedblend and, exported, in PFLlib (docs/validation.md); kinds drawn by fedblend, split
+    #: ``merge`` / ``train_val_test`` only
+    pool_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         """An unset ``train_fraction`` is the split's own: 0.65 for ``train_val_test`` (pFedRLLA's 65/15/20 with
@@ -84,6 +117,7 @@ class PartitionSpec:
             self.train_fraction = 0.65 if self.split == "train_val_test" else 0.75
 
     def validate(self, where: str) -> None:
+        """The cross-field rules of ``[partition]`` (a ``ConfigError`` naming ``where``)."""
         for kind, name in (("indices", "path"), ("flwr", "flwr")):
             if self.kind == kind and not getattr(self, name):
                 raise ConfigError(f"{where}.kind = {kind!r} needs {where}.{name}")

@@ -1,6 +1,6 @@
 """``fedblend report RUNS --diagnostics``: each run's method diagnostics, drawn.
 
-A method registers what it shows of a run (:func:`fedblend.core.diagnostics.diagnostic`: FedAPA its aggregation
+A method registers what it shows of a run (:func:`fedblend.core.diagnostics.register_diagnostics`: FedAPA its aggregation
 weights, ALA its learned weights and its time share); here each run's method is built from its resolved config,
 every diagnostic registered for it is called, and the items are drawn into ``DIR/<run>/<item>.png`` (``DIR`` is
 ``OUT/diagnostics`` of ``report --out OUT``; without it nothing is drawn and the numbers are printed):

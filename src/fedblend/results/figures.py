@@ -30,6 +30,7 @@ def _pyplot():
 
 
 def integer_rounds(ax) -> None:
+    """Round numbers on the x axis of ``ax`` as integer ticks."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

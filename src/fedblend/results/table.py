@@ -126,6 +126,7 @@ def columns(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def markdown_table(rows: list[dict]) -> str:
+    """The rows of :func:`aggregate` as a markdown table."""
     cols = columns(rows)
     head = "| " + " | ".join(h for _, h in cols) + " |"
     sep = "|" + "|".join("---" for _ in cols) + "|"
