@@ -70,7 +70,7 @@ class Probe(ClientTransform):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypatch):
     monkeypatch.setitem(TRANSFORMS, "probe", Probe)
-    if not METHODS[name].accepts_transforms:
+    if not build_method(name).traits.accepts_transforms:
         with pytest.raises(ValueError, match=f"{name} trains from a model of its own"):
             build_method(f"{name}+probe")
         return
@@ -121,3 +121,18 @@ def test_hook_table_check_sees_a_missing_and_an_extra_name():
     assert documented_hook_owners(table) == {"client_init": {"fedamp", "apple"}, "reply": {"local"}}
     owners = hook_owners([METHODS["fedamp"], METHODS["apple"], METHODS["fedavg"]])
     assert owners["client_init"] == {"fedamp", "apple"} and owners["before_training"] == set()
+
+
+def test_no_built_in_method_or_part_declares_a_trait_as_a_class_attribute():
+    """Traits come from ``declare`` alone: no class under ``fedblend.algorithms`` (methods and the bases they
+    share) sets a former declaration class attribute or a :class:`Traits` field name."""
+    import dataclasses
+
+    from fedblend.core.method import LEGACY_DECLARATIONS, Method, Traits
+
+    names = set(LEGACY_DECLARATIONS) | {f.name for f in dataclasses.fields(Traits)}
+    classes = {k for c in METHODS.values() for k in c.__mro__ if issubclass(k, Method) and k is not Method}
+    assert {"FedAvg", "BodySharing", "OwnLoopMethod", "PrototypeUpload"} <= {k.__name__ for k in classes}
+    found = {f"{k.__name__}.{n}" for k in classes for n in names if n in vars(k)}
+    assert not found, f"declare these in declare(): {sorted(found)}"
+    assert not any(k._legacy for k in classes)

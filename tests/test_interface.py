@@ -4,6 +4,7 @@ process backend's failure modes, and the device / backend config fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -150,7 +151,9 @@ def test_two_phase_client_generator_through_the_runtime(tiny_fed):
     momentum of both phases is kept in the client state."""
     class TwoPhase(FedAvg):
         name = "two-phase-test"
-        client_keeps_model = True
+
+        def declare(self, choice):
+            return dataclasses.replace(super().declare(choice), keeps_model=True)
 
         def local_training(self, params, msg, cstate, ctx):
             head = ctx.model.head_names()
@@ -247,7 +250,6 @@ def test_own_loop_is_declared():
 
 
 def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
-    import dataclasses
 
     from fedblend.algorithms import METHODS, build_method
     from fedblend.core.method import Method, Traits
@@ -266,12 +268,22 @@ def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
     for cls in METHODS.values():
         for name in {f.name for f in dataclasses.fields(Traits)}:
             assert not isinstance(getattr(cls, name, None), property), f"{cls.name}.{name} is a property"
-    with pytest.raises(TypeError, match="no trait named"):
-        Method().resolve_traits(keep_model=True)
-    # a resolved-only trait written as a class attribute or property (nothing would read it) is refused
-    for name in ("sequential_server", "keeps_model", "own_loop", "per_client_stats"):
+    with pytest.raises(TypeError, match="keep_model"):
+        Traits(keep_model=True)
+    # a trait written as a class attribute or property (nothing would read it) is refused where the class is
+    # written; the former class declarations of a plug-in are mapped (tests/test_plugins_legacy.py)
+    for name in ("sequential_server", "keeps_model", "own_loop", "per_client_stats", "global_model",
+                 "reports_global", "eval_transforms", "eval_choice"):
         with pytest.raises(TypeError, match=f"defines {name} as a class attribute"):
             type("Stale", (Method,), {name: property(lambda self: True)})
+    with pytest.raises(TypeError, match="resolve_traits"):
+        type("Stale", (Method,), {"resolve_traits": lambda self, **declared: None})
+    # declared and resolved-only fields are kept apart: a declaration that sets a resolved one is refused
+    class SetsChoice(Method):
+        def declare(self, choice):
+            return Traits(eval_choice="trained")
+    with pytest.raises(TypeError, match="resolved from the transforms"):
+        SetsChoice()
 
 
 def test_bench_command_times_engine_and_plain_loop(capsys):
@@ -318,7 +330,9 @@ def test_vmap_backend_partial_training_and_fallback(tiny_fed):
 
     class HeadThenBody(FedAvg):
         name = "head-then-body-test"
-        client_keeps_model = True
+
+        def declare(self, choice):
+            return dataclasses.replace(super().declare(choice), keeps_model=True)
 
         def local_training(self, params, msg, cstate, ctx):
             r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")

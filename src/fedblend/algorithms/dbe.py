@@ -48,7 +48,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.evaluation import EvalSpec
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
 from fedblend.core.training import Batch, Forward, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -104,23 +104,20 @@ class DBE(Method):
     options_cls = DBEOptions
     paper = ("Zhang et al., Eliminating Domain Bias for Federated Learning in Representation Space (DBE), "
              "NeurIPS 2023")
-    eval_model = ("the received global model with the client's own representation bias zbar_i^p (PRBM) added to "
-                  "its features")
-    evaluates_received_model = True  # the received global model (the bias is added in evaluate, after any transform)
-    client_keeps_model = False
 
     def eval_models(self) -> dict[str, str]:
-        return {"received": self.eval_model,
+        return {"received": "the received global model with the client's own representation bias zbar_i^p (PRBM) "
+                            "added to its features",
                 "trained": "the client's model after its last local training with its representation bias zbar_i^p "
                            "(PRBM) added to its features (its current local model, as FedAPA's evaluation loop "
                            "scores clients)"}
 
-    def resolve_traits(self, **declared):
-        """``[eval] model = "trained"``: the client keeps its trained model and that model (with its bias) is
-        evaluated."""
-        if self.chosen_eval != "trained":
-            return super().resolve_traits(**declared)
-        return super().resolve_traits(**{"keeps_model": True, "evaluates_received_model": False, **declared})
+    def declare(self, choice: str) -> Traits:
+        """The received global model is evaluated (the bias is added in evaluate, after any transform) and the
+        client keeps no model; ``[eval] model = "trained"``: the client keeps its trained model and that model
+        (with its bias) is evaluated."""
+        trained = choice == "trained"
+        return Traits(keeps_model=trained, evaluates_received_model=not trained)
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """``"trained"``: the last trained model (the received one until the client first trains)."""

@@ -38,7 +38,7 @@ from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
-from fedblend.core.method import ClientCtx, Message, Method, State, report_loss
+from fedblend.core.method import ClientCtx, Message, Method, State, Traits, report_loss
 from fedblend.core.training import TrainSpec, merge_momentum
 
 
@@ -56,8 +56,14 @@ class Ditto(Method):
     display_name = "Ditto"
     options_cls = DittoOptions
     paper = "Li, Hu, Beirami and Smith, Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
-    eval_model = "each client's personalized model v_k (Ditto Eq. 2) after its last local update"
-    client_keeps_model = False  # the global copy restarts from w^t every round; v_k is kept under "personal"
+
+    def declare(self, choice: str) -> Traits:
+        """The global copy restarts from w^t every round (v_k is kept under "personal"); v_k is evaluated also
+        with a transform on: the transform changes the global update only."""
+        return replace(super().declare(choice), keeps_model=False, eval_transforms=False)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's personalized model v_k (Ditto Eq. 2) after its last local update"}
 
     def init_client(self, ctx: ClientCtx) -> State:
         return {**super().init_client(ctx), "personal": clone(ctx.run.init_params)}
@@ -87,15 +93,3 @@ class Ditto(Method):
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["personal"]
 
-    def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """``v_k``, also with a transform: ALA initialises the global update, not the personalized model."""
-        return self.personalized_params(msg, cstate, ctx)
-
-    def eval_choices(self) -> dict[str, str]:
-        """``v_k`` is evaluated also with a transform on (the transform changes the global update only), so a
-        transform's ``[eval] model`` choices do not apply."""
-        return self.eval_models()
-
-    def resolve_traits(self, **declared):
-        """``v_k`` is evaluated also with a transform on (the transform changes the global update only)."""
-        return replace(super().resolve_traits(**declared), eval_model=self.eval_model)

@@ -47,7 +47,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import flatten, select, stack_copies, with_rows
 from fedblend.core.diagnostics import ClientWeights, RunFiles, register_diagnostics
-from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State, Traits
 
 
 @dataclass(frozen=True)
@@ -165,13 +165,14 @@ class FedAPA(Method):
     options_cls = FedAPAOptions
     paper = ("Sun et al., FedAPA: Server-side Gradient-Based Adaptive Personalized Aggregation for Federated "
              "Learning on Heterogeneous Data, IJCAI 2025")
-    eval_model = ("each client's current local model (last received personalized body + private head, after its "
-                  "last local training)")
-    evaluates_own_model = True  # a client evaluates its own current model (Sec. 5.2)
-    has_global = False  # what travels is the ``share`` option's (shared_names), not the class default
+    def declare(self, choice: str) -> Traits:
+        """No global model (what travels is the ``share`` option's, :meth:`shared_names`); a client evaluates its
+        own current model (Sec. 5.2); ``sequential`` runs a round's clients one by one (the authors' code)."""
+        return Traits(global_model=False, evaluates_own_model=True, sequential_server=self.opts.sequential)
 
-    def resolve_traits(self, **declared):
-        return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's current local model (last received personalized body + private head, "
+                           "after its last local training)"}
 
     def shared_names(self, run: RunInfo) -> list[str]:
         return run.model.body_names() if self.opts.share == "body" else list(run.init_params)

@@ -20,14 +20,14 @@ cannot change training. The global model (aggregated body + initial head) is rep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from fedblend.algorithms.fedavg_ft import FedAvgFT
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.method import ClientCtx, Message, State, Traits
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,13 @@ class FedBABU(FedAvgFT):
     display_name = "FedBABU"
     options_cls = FedBABUOptions
     paper = "Oh, Kim and Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification, ICLR 2022"
-    eval_model = "the global model (aggregated body + the frozen initial head), on each client's test data"
-    shares = "body"
+
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice), shares="body")
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the global model (aggregated body + the frozen initial head), on each client's test "
+                            "data"}
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The received body over the initial head ``theta_cls^0`` (from the run facts; it never changes), and

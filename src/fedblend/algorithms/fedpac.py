@@ -38,7 +38,7 @@ from fedblend.algorithms.parts.prototypes import num_classes
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, select, weighted_average
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State, Traits
 from fedblend.core.training import Batch, LossTerm, TrainResult
 
 
@@ -161,9 +161,14 @@ class FedPAC(Method):
     options_cls = FedPACOptions
     paper = ("Xu, Tong, Huang, Personalized Federated Learning with Feature Alignment and Classifier "
              "Collaboration (FedPAC), ICLR 2023")
-    eval_model = ("the global feature extractor with the client's personalized classifier (the server's Eq. 10 "
-                  "combination from its last round, else its own head)")
-    evaluates_received_model = True  # global body + own combined head, its next round's start (PFLlib evaluates there)
+
+    def declare(self, choice: str) -> Traits:
+        """Global body + own combined head, its next round's start (PFLlib evaluates there)."""
+        return Traits(evaluates_received_model=True)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the global feature extractor with the client's personalized classifier (the server's "
+                            "Eq. 10 combination from its last round, else its own head)"}
 
     def head_names(self, run: RunInfo) -> list[str]:
         return run.model.head_names()

@@ -61,6 +61,7 @@ runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a metho
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -85,47 +86,73 @@ __all__ = ["ClientCtx", "ClientTransform", "ClientWork", "EvalSpec", "Message", 
 @dataclass(frozen=True)
 class Traits:
     """What the engine, the runtimes, the registry and the reports know about a built method: one frozen value,
-    resolved once (:meth:`Method.resolve_traits`) from the class's declarations, its options and its transforms.
-    Nothing reads a method's behaviour flags anywhere else."""
+    one name per concept. A method *declares* it in one function of its options and the ``[eval] model`` in force,
+    :meth:`Method.declare` (``return Traits(shares="body")``); building the method resolves what is left open
+    (a None below, the evaluation description) and composes its transforms (:func:`resolve_traits`). Nothing reads
+    a method's behaviour flags anywhere else."""
 
-    #: what the reported personalized accuracy evaluates, written into every result (transforms included)
-    eval_model: str
-    #: "all": every parameter travels; "body": the head stays on the client
-    shares: str
-    #: the method has a global model whose accuracy is reported beside the personalized one
-    has_global: bool
+    #: what travels: "all" parameters, the "body" (the head stays on the client)
+    shares: str = "all"
+    #: the server keeps a global model that its clients train from (FedAvg's; FedPer's global body): what a
+    #: transform that needs a global model (``ClientTransform.requires_global``) and ALA's wording read
+    global_model: bool = True
+    #: the accuracy of the server's ``"global"`` model is reported beside the personalized one (None: as
+    #: ``global_model``; FedPer and FedRep keep a global body, whose initial head is never trained: False)
+    reports_global: bool | None = None
     #: each client's training starts from a model the server sends it -- the global model, or a personalized one
     #: (FedAMP's cloud model u_i) -- so a transform can blend that received model with the client's own last model
-    #: (ALA, FedALA Alg. 1); the class declaration defaults to ``has_global``
-    trains_from_received: bool
-    #: the client state holds the client's model (the method needs it, or one of its transforms does)
-    keeps_model: bool
-    #: some client work is plain code outside TrainSpecs (the method's or a transform's own loop); a batching
-    #: backend runs such clients one by one
-    own_loop: bool
-    #: client transforms (ALA, ...) can change the model the client trains from
-    accepts_transforms: bool
-    #: the personalized model evaluated is what the client would start training from now; False: its model after
-    #: its last local training (``cstate["params"]``)
-    evaluates_received_model: bool
+    #: (ALA, FedALA Alg. 1); None: as ``global_model``
+    trains_from_received: bool | None = None
+    #: the client state holds the client's model between rounds (a private head, a local model); methods whose
+    #: clients always start from what they receive (FedAvg, FedALP) declare False (a transform that needs it,
+    #: such as ALA, turns it on)
+    keeps_model: bool = True
+    #: some client work is plain code outside TrainSpecs (Per-FedAvg's, pFedMe's inner solvers; a transform's own
+    #: loop); a batching backend runs such clients one by one
+    own_loop: bool = False
+    #: client transforms (ALA, ...) can change the model the client trains from; a method whose local training
+    #: ignores the template's ``params`` declares False and the registry refuses ``method+transform``
+    accepts_transforms: bool = True
+    #: the personalized model evaluated is what the client would start training from now (``client_init`` of the
+    #: evaluation message: FedAvg's global model, FedPer's received body with its own head); False: its model after
+    #: its last local training (``cstate["params"]``); None: whether the ``[eval] model`` in force is "received"
+    evaluates_received_model: bool | None = None
     #: the client evaluates a model it holds, so the evaluation message is empty
-    evaluates_own_model: bool
-    #: the method has a pre-training run (``fedblend pretrain``)
-    pretrainable: bool
+    evaluates_own_model: bool = False
+    #: the client transforms change the model evaluated (their ``[eval] model`` choices and ``eval_params``
+    #: apply); False: Ditto evaluates its personalized v_k, which no transform touches
+    eval_transforms: bool = True
     #: the engine runs configure -> client -> aggregate one selected client at a time, so later clients of a
     #: round see earlier uploads (e.g. FedAPA's authors' code); False: every message of a round is made from the
     #: round's starting server state and ``aggregate`` sees every reply at once
-    sequential_server: bool
-    #: prefixes of the client stats the engine records per client (``stats_per_client`` of the round's metrics)
-    #: besides their mean over the selected clients: those of the transforms
-    per_client_stats: tuple[str, ...]
+    sequential_server: bool = False
     #: the reply records whose entries are model parameters (each name one of the model's, its shape and a
     #: floating dtype: :mod:`fedblend.core.replies`); other records hold what the method likes
     param_records: tuple[str, ...] = ("params",)
-    #: names those records may carry besides the model's parameters
+    #: names those records may carry besides the model's parameters (e.g. a learned scalar uploaded with the model)
     extra_entries: tuple[str, ...] = ()
-    #: the ``[eval] model`` in force: which of :meth:`Method.eval_choices` the personalized accuracy evaluates
+    #: what the reported personalized accuracy evaluates, written into every result: declared, a template in which
+    #: ``{}`` stands for the description of the ``[eval] model`` in force (:meth:`Method.eval_models`, composed
+    #: with the transforms'), e.g. FedAvg-FT's ``"{}; then fine-tuned ..."``; resolved, the description itself
+    eval_model: str = "{}"
+    #: resolved, never declared: prefixes of the client stats the engine records per client
+    #: (``stats_per_client`` of the round's metrics) besides their mean over the selected clients: the transforms'
+    per_client_stats: tuple[str, ...] = ()
+    #: resolved, never declared: the ``[eval] model`` in force, one of :meth:`Method.eval_choices`
     eval_choice: str = ""
+
+
+#: the class attributes that declared a method's traits before :meth:`Method.declare` (a plug-in that still sets
+#: them is built with a FutureWarning): old name -> the :class:`Traits` field ("" where it is not a field)
+LEGACY_DECLARATIONS = {
+    "eval_model": "", "shares": "shares", "has_global": "global_model",
+    "trains_from_received": "trains_from_received", "client_keeps_model": "keeps_model",
+    "client_own_loop": "own_loop", "accepts_transforms": "accepts_transforms",
+    "evaluates_received_model": "evaluates_received_model", "evaluates_own_model": "evaluates_own_model",
+    "pretrainable": "", "param_records": "param_records", "extra_entries": "extra_entries",
+}
+#: what a method evaluates unless it says otherwise (:meth:`Method.eval_models`)
+TRAINED = "each client's model after its last local training"
 
 
 @dataclass(frozen=True)
@@ -276,138 +303,85 @@ def report_loss(ctx: ClientCtx, key: str, res: TrainResult) -> None:
     if res.steps:
         ctx.stats[key] = res.mean_loss
 
+class _Pretrainable:
+    """``Method.pretrainable``, read from the class (``fedblend pretrain`` checks it before building anything):
+    whether the class has a pre-training run, i.e. defines :meth:`Method.pretrain_options`."""
+
+    def __get__(self, obj: Any, cls: type) -> bool:
+        legacy = getattr(cls, "_legacy", {}).get("pretrainable")
+        return bool(legacy) or cls.pretrain_options.__func__ is not Method.pretrain_options.__func__
+
+
 class Method:
     """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring).
 
-    The ClassVars below are a method class's *declarations*; what the rest of fedblend reads is ``self.traits``
-    (:class:`Traits`), resolved from them, the options and the transforms when the method is built. A method
-    whose options change a declaration says so in :meth:`resolve_traits`, nowhere else."""
+    What the rest of fedblend reads about a method is ``self.traits`` (:class:`Traits`), resolved when the method
+    is built from one function, :meth:`declare`, of its options and the ``[eval] model`` in force, and from its
+    transforms; a method class declares nothing else as a class attribute (``tests/test_contract.py`` checks)."""
 
     name: ClassVar[str] = "method"
     options_cls: ClassVar[type] = NoOptions
     paper: ClassVar[str] = ""
-    #: what the reported personalized accuracy evaluates, written into every result
-    eval_model: ClassVar[str] = "each client's model after its last local training"
-    #: "all": every parameter travels; "body": the head stays on the client
-    shares: ClassVar[str] = "all"
-    #: whether the method has a global model whose accuracy is reported beside the personalized one
-    has_global: ClassVar[bool] = True
-    #: whether each client trains from a model the server sends it (global or personalized), which a transform may
-    #: blend with the client's own model (``ClientTransform.requires_received``); None: the same as ``has_global``.
-    #: A method without a global model declares True only where its personalized received model takes the global
-    #: model's place in the transform's paper (FedAMP's u_i in FedALA's Table 4)
-    trains_from_received: ClassVar[bool | None] = None
-    #: whether the client half keeps its model between rounds (a private head, a local model); methods whose
-    #: clients always start from what they receive (FedAvg, FedALP) set False and store nothing
-    client_keeps_model: ClassVar[bool] = True
-    #: the client half runs an optimisation loop of its own as plain code besides its TrainSpecs (Per-FedAvg,
-    #: pFedMe inner solvers); a batching backend runs such clients one by one
-    client_own_loop: ClassVar[bool] = False
-    #: whether client transforms (ALA, ...) can change the model the client trains from; a method whose local
-    #: training ignores the template's ``params`` sets False and the registry refuses ``method+transform``
-    accepts_transforms: ClassVar[bool] = True
-    #: the personalized model evaluated is what the client would start training from now (``client_init`` of the
-    #: evaluation message: FedAvg's global model, FedPer's received body with the own head); False: its model
-    #: after its last local training (``cstate["params"]``)
-    evaluates_received_model: ClassVar[bool] = False
-    #: the client evaluates a model it holds, so the evaluation message is empty
-    evaluates_own_model: ClassVar[bool] = False
-    #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
-    #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
-    pretrainable: ClassVar[bool] = False
-    #: the records of a training reply whose entries are the model's parameters: the engine refuses a name the
-    #: model does not have, a shape that is not the parameter's and a non-floating dtype in them before
-    #: aggregation (:mod:`fedblend.core.replies`); records that carry other things (prototypes, feature means)
-    #: are not listed
-    param_records: ClassVar[tuple[str, ...]] = ("params",)
-    #: entries those records carry besides the model's parameters (e.g. a learned scalar uploaded with the model)
-    extra_entries: ClassVar[tuple[str, ...]] = ()
+    pretrainable = _Pretrainable()
+    _legacy: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any):
-        """A subclass that defines a resolved-only trait (``sequential_server``, ``keeps_model``, ``own_loop``,
-        ``per_client_stats``) as an attribute or property would be silently ignored, since the rest of fedblend
-        reads ``self.traits``: refuse it where the class is written, naming the way that works."""
+        """A class attribute named after a trait would be silently ignored (the rest of fedblend reads
+        ``self.traits``): one of the former declarations (:data:`LEGACY_DECLARATIONS`, a plug-in written before
+        :meth:`declare`) is still honoured, with a FutureWarning naming ``declare``; any other trait's name is
+        refused where the class is written."""
         super().__init_subclass__(**kwargs)
-        stale = sorted(f.name for f in fields(Traits) if f.name not in vars(Method) and f.name in vars(cls))
+        body = vars(cls)
+        stale = sorted(f.name for f in fields(Traits) if f.name in body and f.name not in LEGACY_DECLARATIONS)
         if stale:
             raise TypeError(f"{cls.__name__} defines {', '.join(stale)} as a class attribute, which nothing reads: "
-                            f"declare it in resolve_traits, e.g. def resolve_traits(self, **declared): return "
-                            f"super().resolve_traits(**{{'{stale[0]}': ..., **declared}})")
+                            f"declare it in declare(), e.g. def declare(self, choice): return "
+                            f"replace(super().declare(choice), {stale[0]}=...)")
+        if "resolve_traits" in body:
+            raise TypeError(f"{cls.__name__} overrides resolve_traits, which is no longer a hook: declare its traits "
+                            f"in declare(self, choice) -> Traits")
+        old = {k: body[k] for k in LEGACY_DECLARATIONS if k in body}
+        if old:
+            warnings.warn(f"{cls.__name__} declares {', '.join(sorted(old))} as class attributes; declare them in "
+                          f"def declare(self, choice) -> Traits (" + ", ".join(
+                              f"{k} -> Traits.{LEGACY_DECLARATIONS[k]}" if LEGACY_DECLARATIONS[k] else
+                              f"{k} -> eval_models()" if k == "eval_model" else f"{k} -> pretrain_options()"
+                              for k in sorted(old)) + "); class attributes stop working in a later release",
+                          FutureWarning, stacklevel=2)
+            cls._legacy = {**cls._legacy, **old}
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None,
                  eval_choice: str | None = None):
         self.opts = options if options is not None else self.options_cls()
         self.transforms = list(transforms or [])
-        self._eval_request = eval_choice
-        self.traits: Traits = self.resolve_traits()
+        self.traits: Traits = resolve_traits(self, eval_choice)
 
-    # -------------------------------------------------------------------------------- [eval] model choices
+    # -------------------------------------------------------------------------------------- declarations
+    def declare(self, choice: str) -> Traits:
+        """The method's :class:`Traits`, from its options (``self.opts``) and ``choice``, the ``[eval] model``
+        in force (one of :meth:`eval_models`, or a transform's): one function, one name per concept. A subclass
+        extends its base's with ``replace(super().declare(choice), keeps_model=False)``. Default: FedAvg's."""
+        return Traits()
+
     def eval_models(self) -> dict[str, str]:
         """The ``[eval] model`` choices the method offers: name -> what the personalized accuracy then evaluates;
-        the first is the default (the method's paper). Default: one, ``"received"`` where the client evaluates
-        what it would start training from (``evaluates_received_model``), else ``"trained"``. A method that
-        offers several reads :attr:`chosen_eval`."""
-        return {"received" if self.evaluates_received_model else "trained": self.eval_model}
+        the first is the default (the method's paper). Default: ``{"trained": ...}``, the client's model after its
+        last local training; a method whose clients evaluate what they would start training from offers
+        ``"received"`` (the name makes ``Traits.evaluates_received_model`` true unless declared)."""
+        return {"trained": TRAINED}
 
     def eval_choices(self) -> dict[str, str]:
         """:meth:`eval_models` composed with the transforms' (ALA offers its own, which replace the host's)."""
-        choices = dict(self.eval_models())
-        for t in self.transforms:
-            choices = dict(t.eval_models(self, choices))
-        return choices
-
-    @property
-    def chosen_eval(self) -> str:
-        """The ``[eval] model`` in force, the one asked for, else the default (what :meth:`resolve_traits` reads;
-        everything else reads ``traits.eval_choice``)."""
-        return self._eval_request or next(iter(self.eval_choices()))
+        return eval_choices(self)
 
     def evaluating(self, choice: str | None) -> Method:
         """This method with ``[eval] model = choice`` (None: as it is); a ``ValueError`` for a choice it does
         not offer."""
-        if choice is None or choice == self.chosen_eval:
+        if choice is None or choice == self.traits.eval_choice:
             return self
         other = copy.copy(self)
-        other._eval_request = choice
-        other.traits = other.resolve_traits()
+        other.traits = resolve_traits(other, choice)
         return other
-
-    def resolve_traits(self, **declared: Any) -> Traits:
-        """The method's :class:`Traits`: the class declarations, overridden by ``declared`` (what a subclass's
-        options change, e.g. ``super().resolve_traits(sequential_server=self.opts.sequential)``), then composed
-        with the transforms (a transform's model need, own loop, per-client stats and evaluation description). A
-        subclass that changes a resolved trait (e.g. wraps the evaluation description) ``replace``s the result."""
-        choices = self.eval_choices()
-        if self.chosen_eval not in choices:
-            raise ValueError(f"{self.label}: eval.model = {self.chosen_eval!r} is not one of its choices: "
-                             f"{', '.join(repr(c) for c in choices)}")
-        base = dict(eval_model=choices[self.chosen_eval], shares=self.shares, has_global=self.has_global,
-                    trains_from_received=self.trains_from_received,
-                    keeps_model=self.client_keeps_model, own_loop=self.client_own_loop,
-                    accepts_transforms=self.accepts_transforms,
-                    evaluates_received_model=self.evaluates_received_model,
-                    evaluates_own_model=self.evaluates_own_model, pretrainable=self.pretrainable,
-                    sequential_server=False, per_client_stats=(),
-                    param_records=tuple(self.param_records), extra_entries=tuple(self.extra_entries),
-                    eval_choice=self.chosen_eval)
-        unknown = set(declared) - set(base)
-        if unknown:
-            raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
-        merged = {**base, **declared}
-        if merged["trains_from_received"] is None:
-            merged["trains_from_received"] = merged["has_global"]
-        t = Traits(**merged)
-        desc = t.eval_model
-        for tr in self.transforms:
-            desc = tr.eval_description(self, desc)
-        # a transform that blends the received model evaluates that blend from the evaluation message, which must
-        # then carry the model (a method that evaluates its own model otherwise sends nothing)
-        blends = any(tr.requires_received for tr in self.transforms)
-        return replace(t, eval_model=desc, evaluates_own_model=t.evaluates_own_model and not blends,
-                       keeps_model=t.keeps_model or any(tr.needs_local_model for tr in self.transforms),
-                       own_loop=t.own_loop or any(tr.own_loop for tr in self.transforms),
-                       per_client_stats=t.per_client_stats + tuple(p for tr in self.transforms
-                                                                   for p in tr.per_client_stats))
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
@@ -460,7 +434,7 @@ class Method:
         return {**server, "global": {**server["global"], **avg}}
 
     def global_params(self, server: State) -> Params | None:
-        return server.get("global") if self.traits.has_global else None
+        return server.get("global") if self.traits.reports_global else None
 
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
@@ -563,10 +537,13 @@ class Method:
         return self.client_init(msg, cstate, ctx) if self.traits.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Parameters of the client's personalized model, per ``[eval] model`` (:attr:`chosen_eval`): the
+        """Parameters of the client's personalized model, per ``[eval] model`` (``traits.eval_choice``): the
         method's :meth:`personalized_params`, then each transform's ``eval_params`` on top. A transform that
         blends the received model (ALA) replaces the method's choice by its own: the template then hands it
-        what ``client_init`` makes of the evaluation message, as training hands ``apply``."""
+        what ``client_init`` makes of the evaluation message, as training hands ``apply``. A method whose
+        transforms do not change the model evaluated (``Traits.eval_transforms``: Ditto's v_k) is its own."""
+        if not self.traits.eval_transforms:
+            return self.personalized_params(msg, cstate, ctx)
         if any(t.requires_received for t in self.transforms):
             params = self.client_init(msg, cstate, ctx)
         else:
@@ -580,6 +557,80 @@ class Method:
         forward pass; a method that classifies otherwise (FedProto's nearest prototype, DBE's bias) returns its
         own forward."""
         return EvalSpec(self.eval_params(msg, cstate, ctx))
+
+
+def legacy_traits(method: Method) -> dict[str, Any]:
+    """The traits a plug-in still declares as class attributes (:data:`LEGACY_DECLARATIONS`), as :class:`Traits`
+    fields: they override what ``declare`` returns, as a subclass's attribute overrode its base's."""
+    return {LEGACY_DECLARATIONS[k]: (tuple(v) if isinstance(v, list) else v)
+            for k, v in method._legacy.items() if LEGACY_DECLARATIONS[k]}
+
+
+def own_eval_models(method: Method) -> dict[str, str]:
+    """The method's :meth:`~Method.eval_models`; a plug-in's former ``eval_model`` class attribute describes its
+    first choice, and its former ``evaluates_received_model`` names a single choice "received" or "trained" (as
+    the default ``eval_models`` did)."""
+    own = dict(method.eval_models())
+    legacy = method._legacy
+    if len(own) == 1 and "evaluates_received_model" in legacy:
+        own = {"received" if legacy["evaluates_received_model"] else "trained": next(iter(own.values()))}
+    if "eval_model" in legacy and own:
+        own[next(iter(own))] = legacy["eval_model"]
+    return own
+
+
+def eval_choices(method: Method) -> dict[str, str]:
+    """The ``[eval] model`` choices of a built method: its :meth:`~Method.eval_models` composed with its
+    transforms' (ALA offers its own, which replace the host's), unless its transforms do not change the model
+    evaluated (``Traits.eval_transforms``). Reads ``method.traits`` for the facts no choice changes."""
+    choices = own_eval_models(method)
+    if method.traits.eval_transforms:
+        for t in method.transforms:
+            choices = dict(t.eval_models(method, choices))
+    return choices
+
+
+def resolve_traits(method: Method, request: str | None = None) -> Traits:
+    """The built method's :class:`Traits` under ``[eval] model = request`` (None: the first choice, the method's
+    paper's): its :meth:`~Method.declare` of that choice, what it leaves open resolved (None fields, the
+    evaluation description), composed with the transforms (a transform's model need, own loop, per-client stats
+    and evaluation description). While the choices are composed, ``method.traits`` holds the declaration of the
+    method's default choice, so a transform can word its choices after the host (ALA: ``global_model``)."""
+    own = own_eval_models(method)
+    if not own:
+        raise TypeError(f"{type(method).__name__}.eval_models() offers no [eval] model")
+    method.traits = replace(method.declare(next(iter(own))), **legacy_traits(method))
+    choices = eval_choices(method)
+    choice = request or next(iter(choices))
+    if choice not in choices:
+        raise ValueError(f"{method.label}: eval.model = {choice!r} is not one of its choices: "
+                         f"{', '.join(repr(c) for c in choices)}")
+    t = method.declare(choice)
+    if not isinstance(t, Traits):
+        raise TypeError(f"{type(method).__name__}.declare() returned a {type(t).__name__}, not Traits")
+    t = replace(t, **legacy_traits(method))
+    if t.per_client_stats or t.eval_choice:
+        raise TypeError(f"{type(method).__name__}.declare() sets per_client_stats or eval_choice, which are "
+                        f"resolved from the transforms and the [eval] model, not declared")
+    desc = choices[choice]
+    if t.eval_transforms:
+        for tr in method.transforms:
+            desc = tr.eval_description(method, desc)
+    glob = t.global_model
+    # a transform that blends the received model evaluates that blend from the evaluation message, which must
+    # then carry the model (a method that evaluates its own model otherwise sends nothing)
+    blends = any(tr.requires_received for tr in method.transforms)
+    return replace(
+        t, eval_model=t.eval_model.replace("{}", desc), eval_choice=choice,
+        reports_global=glob if t.reports_global is None else t.reports_global,
+        trains_from_received=glob if t.trains_from_received is None else t.trains_from_received,
+        evaluates_received_model=(choice == "received" if t.evaluates_received_model is None
+                                  else t.evaluates_received_model),
+        evaluates_own_model=t.evaluates_own_model and not blends,
+        keeps_model=t.keeps_model or any(tr.needs_local_model for tr in method.transforms),
+        own_loop=t.own_loop or any(tr.own_loop for tr in method.transforms),
+        param_records=tuple(t.param_records), extra_entries=tuple(t.extra_entries),
+        per_client_stats=tuple(p for tr in method.transforms for p in tr.per_client_stats))
 
 
 BEFORE_AFTER = "before_after_split"  # message config key: score the model before ("bp") and after ("ap") training

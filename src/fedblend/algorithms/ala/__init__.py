@@ -208,7 +208,7 @@ class ALA(ClientTransform):
 
     def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
         """ALA's ``[eval] model`` choices, in place of the host's: "ala" (default), "stored", "trained"."""
-        received = ("the aggregated global model" if method.has_global else
+        received = ("the aggregated global model" if method.traits.global_model else
                     "the personalized model the server would send the client now")
         where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
                  "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")

@@ -53,7 +53,7 @@ from fedblend.algorithms.pfedrlla.rewards import (
 )
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
 from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -66,10 +66,14 @@ class PFedRLLA(Method):
     options_cls = PFedRLLAOptions
     paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
              "(pFedRLLA, ICLR 2024 submission)")
-    eval_model = "each client's current model (its personalized model after its last local training)"
-    evaluates_own_model = True  # a client evaluates its own current model
-    has_global = False
-    pretrainable = True  # App. D: the agent is pre-trained on a run whose bodies stay local
+
+    def declare(self, choice: str) -> Traits:
+        return Traits(global_model=False, evaluates_own_model=True)  # a client evaluates its own current model
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's current model (its personalized model after its last local training)"}
+
+    # App. D: the agent is pre-trained on a run whose bodies stay local (``fedblend pretrain``)
 
     @classmethod
     def pretrain_options(cls, options: Mapping) -> dict:
