@@ -28,8 +28,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_no_method_retypes_the_client_template(name):
-    owners = [k.__name__ for k in METHODS[name].__mro__ if "client_train" in vars(k)]
-    assert owners == ["Method"], f"{name}: client_train defined by {owners}; use the template's hooks"
+    """The client template is a function of the core (``template.client_train``), not a member: no method class
+    defines it or another former hook that is machinery now (a class that tries is refused when written)."""
+    from fedblend.core.method import NOT_HOOKS, Method
+
+    owners = {f"{k.__name__}.{n}" for k in METHODS[name].__mro__ if k is not Method for n in NOT_HOOKS if n in vars(k)}
+    assert not owners, f"{name}: {sorted(owners)} defined; use the template's hooks"
+
+
+def test_a_class_that_retypes_the_template_is_refused_where_it_is_written():
+    from fedblend.algorithms.fedavg import FedAvg
+
+    for name in ("client_train", "train_spec", "shared_names", "apply_transforms"):
+        with pytest.raises(TypeError, match=f"overrides {name}, which is no longer a hook"):
+            type("Retyped", (FedAvg,), {name: lambda self, *a: None})
 
 
 def ba_sim(fed, spec: str, rounds: int = 2, backend=None) -> Simulation:
@@ -86,10 +98,11 @@ HOOKS = ("before_training", "client_init", "scored_params", "local_training", "r
 
 def hook_owners(methods) -> dict[str, set[str]]:
     """``{hook: lower-case names of the classes that define it}`` over the methods' class hierarchies (``Method``
-    itself, which defines every hook, left out)."""
-    from fedblend.core.method import Method
+    and its two halves, which define every hook, left out)."""
+    from fedblend.core.method import ClientHalf, Method, ServerHalf
 
-    return {h: {k.__name__.lower() for c in methods for k in c.__mro__ if h in vars(k) and k is not Method}
+    core = (Method, ServerHalf, ClientHalf)
+    return {h: {k.__name__.lower() for c in methods for k in c.__mro__ if h in vars(k) and k not in core}
             for h in HOOKS}
 
 
@@ -136,3 +149,41 @@ def test_no_built_in_method_or_part_declares_a_trait_as_a_class_attribute():
     found = {f"{k.__name__}.{n}" for k in classes for n in names if n in vars(k)}
     assert not found, f"declare these in declare(): {sorted(found)}"
     assert not any(k._legacy for k in classes)
+
+
+def author_members() -> tuple[set[str], set[str]]:
+    """``(hooks, everything else public)`` of a built ``Method``: its declared hooks (``Method.HOOKS`` and the
+    halves'), and the public names of the class, its halves and a built instance that are not hooks."""
+    from fedblend.core.method import ClientHalf, Method, ServerHalf
+
+    hooks = set(Method.HOOKS) | set(ServerHalf.HOOKS) | set(ClientHalf.HOOKS)
+    names = {n for k in Method.__mro__ if k is not object for n in vars(k) if not n.startswith("_")}
+    names |= {n for n in vars(Method()) if not n.startswith("_")}
+    return hooks, names - hooks
+
+
+def test_a_method_author_knows_at_most_twenty_hooks_and_the_rest_is_listed_machinery():
+    """#49: a method is two small declared halves. The hooks a method author overrides number at most 20, and
+    every other public member of ``Method`` is its identity, the hook lists, or machinery the runtimes read
+    (``Method.MACHINERY``): nothing else hides on the class."""
+    from fedblend.core.method import Method
+
+    hooks, rest = author_members()
+    assert len(hooks) <= 20, sorted(hooks)
+    assert all(callable(getattr(Method, h)) for h in hooks)
+    identity = {"name", "options_cls", "paper", "HOOKS", "MACHINERY"}
+    assert rest == identity | set(Method.MACHINERY), sorted(rest - identity - set(Method.MACHINERY))
+
+
+def test_the_hooks_are_listed_in_the_class_docstring_and_in_docs_architecture():
+    from pathlib import Path
+
+    from fedblend.core.method import Method
+
+    hooks, _ = author_members()
+    doc = Method.__doc__
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| members |") or line.startswith("| `")]
+    assert {h for h in hooks if f"``{h}``" not in doc and f":meth:`{h}`" not in doc} == set()
+    assert {h for h in hooks if not any(f"`{h}" in line for line in table)} == set()
+    assert f"{len(hooks)} hooks" in text

@@ -17,6 +17,7 @@ from fedblend.common.codec import TREE, CodecError, decode, encode, to_device
 from fedblend.common.options import ConfigError
 from fedblend.core.client import drive
 from fedblend.core.message import Message, comm_bytes
+from fedblend.core.template import client_train, record_training, train_spec
 from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, sgd_train
 from fedblend.models.zoo import build_model
 from tests.helpers import run_client, same_state, tiny_sim, train_message
@@ -157,18 +158,18 @@ def test_two_phase_client_generator_through_the_runtime(tiny_fed):
 
         def local_training(self, params, msg, cstate, ctx):
             head = ctx.model.head_names()
-            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=head, stream="head")
-            cstate = self.record_training(r1, cstate, ctx)
+            r1 = yield train_spec(self, params, msg, cstate, ctx, trainable=head, stream="head")
+            cstate = record_training(r1, cstate, ctx)
             body = ctx.model.body_names()
-            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=body, stream="body")
-            return r2, self.record_training(r2, cstate, ctx)
+            r2 = yield train_spec(self, r1.params, msg, cstate, ctx, trainable=body, stream="body")
+            return r2, record_training(r2, cstate, ctx)
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, momentum=0.5, optimizer_state="keep")
     sim.method = TwoPhase()
     res = run_client(sim, 0, train_message(sim, 0))
     assert set(res.state["momentum"]) == set(sim.run_info.init_params)
     specs = []
-    work = sim.method.client_train(train_message(sim, 0), sim.method.init_client(sim.client_ctx(0, 0)), sim.client_ctx(0, 0))
+    work = client_train(sim.method, train_message(sim, 0), sim.method.init_client(sim.client_ctx(0, 0)), sim.client_ctx(0, 0))
 
     def execute(spec):
         specs.append(spec)
@@ -182,7 +183,7 @@ def test_train_spec_defaults_from_the_template(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedprox", {"mu": 0.1}, rounds=1)
     msg = train_message(sim, 0)
     ctx = sim.client_ctx(0, 0)
-    spec = sim.method.train_spec(sim.method.client_init(msg, {}, ctx), msg, {}, ctx)
+    spec = train_spec(sim.method, sim.method.client_init(msg, {}, ctx), msg, {}, ctx)
     assert isinstance(spec, TrainSpec) and spec.trainable is None and spec.momentum is None
     assert [t.name for t in spec.loss_terms] == ["proximal"] and spec.stream == "batches"
 
@@ -193,7 +194,7 @@ class Broken(FedAvg):
 
     name = "broken-test"
 
-    def client_train(self, msg, cstate, ctx):
+    def client_step(self, phase, msg, cstate, ctx):
         raise ValueError("boom")
         yield  # a generator, like every client half
 
@@ -206,7 +207,7 @@ def test_process_backend_worker_error_is_reported(tiny_fed):
     from fedblend.common.errors import HookError
 
     with sim, pytest.raises(HookError, match=r"^method plug-in 'broken-test' \(tests.test_interface:Broken\) raised "
-                                              r"in client_train \(client \d, round 1\): ValueError: boom"):
+                                              r"in client_step \(client \d, round 1\): ValueError: boom"):
         sim.run_round()  # the worker's exception, named once by the parent (not a RuntimeError of tracebacks)
 
 
@@ -335,10 +336,10 @@ def test_vmap_backend_partial_training_and_fallback(tiny_fed):
             return dataclasses.replace(super().declare(choice), keeps_model=True)
 
         def local_training(self, params, msg, cstate, ctx):
-            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
-            cstate = self.record_training(r1, cstate, ctx)
-            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
-            return r2, self.record_training(r2, cstate, ctx)
+            r1 = yield train_spec(self, params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
+            cstate = record_training(r1, cstate, ctx)
+            r2 = yield train_spec(self, r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
+            return r2, record_training(r2, cstate, ctx)
 
     runs = []
     for backend in (None, VmapBackend()):

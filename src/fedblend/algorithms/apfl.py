@@ -47,6 +47,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, flatten, unflatten
 from fedblend.core.method import ClientCtx, Message, Method, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import LossTerm, TrainResult
 
 LOCAL = "apfl_v"
@@ -100,8 +101,8 @@ class APFL(Method):
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
         term = LossTerm(mixture_loss, {"names": names}, name="apfl_mixture")
-        res = yield self.train_spec(work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
-        cstate = self.record_training(res, cstate, ctx)
+        res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
+        cstate = record_training(res, cstate, ctx)
         alpha = res.params[ALPHA].clamp(0.0, 1.0) if self.opts.clip else res.params[ALPHA]
         ctx.stats["apfl_alpha"] = float(alpha)
         v = {n: t.clone() for n, t in unflatten(res.params[LOCAL], params).items()}  # own storage, not views

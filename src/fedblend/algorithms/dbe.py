@@ -49,6 +49,7 @@ from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.evaluation import EvalSpec
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import Batch, Forward, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -173,7 +174,7 @@ class DBE(Method):
         """``init_pass = "before"``: plain local training from the received model (no bias, no regulariser) and
         ``zbar_i^g`` of the trained model over the training split; the training is discarded (state unchanged)."""
         params = self.client_init(msg, cstate, ctx)
-        res = yield self.train_spec(params, msg, cstate, ctx)
+        res = yield train_spec(self, params, msg, cstate, ctx)
         mean = feature_mean(ctx.model, res.params, ctx.data.train_x)
         return Message({"dbe": {"client_mean": mean}}, {"num_samples": ctx.data.num_train}), cstate
 
@@ -192,14 +193,14 @@ class DBE(Method):
     def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """One spec with DBE's forward pass: the bias is a trained entry of the spec, added to the features
         before the head; the result's ``params`` are the model without it (the bias goes to the state)."""
-        spec = self.train_spec(params, msg, cstate, ctx)
+        spec = train_spec(self, params, msg, cstate, ctx)
         if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
             spec.forward = prbm_forward()
         res = yield spec
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
-        cstate = self.record_training(res, cstate, ctx)
+        cstate = record_training(res, cstate, ctx)
         if self.traits.eval_choice == "trained":
             cstate = {**cstate, "trained": True}
         trained = {k: v for k, v in res.params.items() if k != PRBM}

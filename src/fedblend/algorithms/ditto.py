@@ -39,6 +39,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
 from fedblend.core.method import ClientCtx, Message, Method, State, Traits, report_loss
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import TrainSpec, merge_momentum
 
 
@@ -68,10 +69,6 @@ class Ditto(Method):
     def init_client(self, ctx: ClientCtx) -> State:
         return {**super().init_client(ctx), "personal": clone(ctx.run.init_params)}
 
-    def train_spec(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx, **kw) -> TrainSpec:
-        """The global-objective update (Alg. 1 line 5) draws its batches from the ``"global"`` stream."""
-        return super().train_spec(params, msg, cstate, ctx, **{"stream": "global", **kw})
-
     def personal_spec(self, msg: Message, cstate: State, ctx: ClientCtx) -> TrainSpec:
         """Alg. 1 line 7: SGD on ``F_k(v) + lam/2 ||v - w^t||^2`` from the kept ``v_k``."""
         keep = ctx.train.optimizer_state == "keep"
@@ -81,8 +78,10 @@ class Ditto(Method):
 
     def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """The global update (FedAvg's, reported as ``train_loss``), then the personalized one
-        (``personal_loss``); the reply carries the global update's result."""
-        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
+        (``personal_loss``); the reply carries the global update's result. The global-objective update (Alg. 1
+        line 5) draws its batches from the ``"global"`` stream."""
+        res = yield train_spec(self, params, msg, cstate, ctx, stream="global")
+        cstate = record_training(res, cstate, ctx)
         per = yield self.personal_spec(msg, cstate, ctx)
         cstate = {**cstate, "personal": per.params}
         if ctx.train.optimizer_state == "keep" and per.momentum is not None:

@@ -47,7 +47,8 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import flatten, select, stack_copies, with_rows
 from fedblend.core.diagnostics import ClientWeights, RunFiles, register_diagnostics
-from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State, Traits
+from fedblend.core.method import Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import shared_names
 
 
 @dataclass(frozen=True)
@@ -168,14 +169,12 @@ class FedAPA(Method):
     def declare(self, choice: str) -> Traits:
         """No global model (what travels is the ``share`` option's, :meth:`shared_names`); a client evaluates its
         own current model (Sec. 5.2); ``sequential`` runs a round's clients one by one (the authors' code)."""
-        return Traits(global_model=False, evaluates_own_model=True, sequential_server=self.opts.sequential)
+        return Traits(global_model=False, evaluates_own_model=True, sequential_server=self.opts.sequential,
+                      shares=self.opts.share)
 
     def eval_models(self) -> dict[str, str]:
         return {"trained": "each client's current local model (last received personalized body + private head, "
                            "after its last local training)"}
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return run.model.body_names() if self.opts.share == "body" else list(run.init_params)
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -183,7 +182,7 @@ class FedAPA(Method):
         m = sctx.run.num_clients
         server: State = {
             "weights": torch.eye(m, dtype=torch.float64, device=sctx.run.device),
-            "thetas": stack_copies(select(sctx.run.init_params, self.shared_names(sctx.run)), m),
+            "thetas": stack_copies(select(sctx.run.init_params, shared_names(self, sctx.run)), m),
             "snapshots": {},
         }
         if self.opts.server_momentum > 0:

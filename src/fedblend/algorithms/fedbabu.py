@@ -28,6 +28,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State, Traits
+from fedblend.core.template import record_training, train_spec
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,10 @@ class FedBABU(FedAvgFT):
         over the client's own model where a transform keeps one."""
         return {**ctx.run.init_params, **cstate.get("params", {}), **msg.params()}  # the body is always received
 
-    def train_spec(self, params, msg, cstate, ctx, **kw):
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """Body update only (Alg. 1): the head stays at its initialisation."""
-        return super().train_spec(params, msg, cstate, ctx, **{"trainable": ctx.model.body_names(), **kw})
+        res = yield train_spec(self, params, msg, cstate, ctx, trainable=ctx.model.body_names())
+        return res, record_training(res, cstate, ctx)
 
     def finetune_names(self, ctx: ClientCtx) -> list[str] | None:
         return ctx.model.head_names() if self.opts.ft_part == "head" else None

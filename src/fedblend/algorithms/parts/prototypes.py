@@ -41,10 +41,7 @@ class PrototypeUpload(Method):
     """Clients upload class prototypes of their trained model and no parameter (FedProto, FedGH)."""
 
     def declare(self, choice: str) -> Traits:
-        return replace(super().declare(choice), global_model=False)
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return []  # no parameter goes up
+        return replace(super().declare(choice), global_model=False, shares="none")  # no parameter goes up
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         protos, counts = local_prototypes(res.params, ctx)

@@ -54,6 +54,7 @@ from fedblend.algorithms.pfedrlla.rewards import (
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of
 from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -198,8 +199,8 @@ class PFedRLLA(Method):
     def client_upload(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
         """Alg. 1 line 3: the current model, the data size and ``acc_pre`` (Eq. 1c) on the validation split."""
         if self.opts.initial_training and not cstate.get("trained"):
-            res = yield self.train_spec(cstate["params"], msg, cstate, ctx, stream="initial")
-            cstate = {**self.record_training(res, cstate, ctx), "params": res.params, "trained": True}
+            res = yield train_spec(self, cstate["params"], msg, cstate, ctx, stream="initial")
+            cstate = {**record_training(res, cstate, ctx), "params": res.params, "trained": True}
         acc = validation_accuracy(ctx.model, cstate["params"], ctx.data)
         return Message({"params": cstate["params"]}, {"num_samples": ctx.data.num_train, "acc_pre": acc}), cstate
 
