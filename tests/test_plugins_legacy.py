@@ -84,3 +84,29 @@ def test_old_attributes_on_a_subclass_of_a_built_in_override_its_declaration():
     assert not FedAvg().traits.keeps_model and mine().traits.keeps_model
     assert mine().traits.evaluates_received_model  # FedAvg's declaration, which the class did not change
     assert mine().eval_choices() == {"received": "the received model, my way"}
+
+
+def test_a_transform_declares_its_needs_and_old_class_attributes_still_work():
+    """ALA declares what it needs of its host in ``declare()``; a plug-in transform that still sets the former
+    class attributes gets the same needs, with a FutureWarning (the never-used ``requires_global`` asked for a
+    model to blend, a received one now)."""
+    from fedblend.algorithms.ala import ALA
+    from fedblend.core.method import ClientTransform
+    from fedblend.core.traits import TransformTraits
+
+    assert ALA().traits == TransformTraits(needs_local_model=True, requires_received=True, own_loop=True,
+                                           per_client_stats=("ala_epochs", "ala_loss", "ala_w_"))
+    with pytest.warns(FutureWarning, match="declare"):
+        old = type("OldTransform", (ClientTransform,), {"name": "old-t", "needs_local_model": True,
+                                                        "requires_global": True, "per_client_stats": ["x_"]})
+    assert old().traits == TransformTraits(needs_local_model=True, requires_received=True, per_client_stats=("x_",))
+    assert ClientTransform().traits == TransformTraits()
+
+
+def test_no_built_in_transform_declares_its_needs_as_class_attributes():
+    from fedblend.algorithms import TRANSFORMS
+    from fedblend.core.traits import TRANSFORM_LEGACY
+
+    found = {f"{k.__name__}.{n}" for c in TRANSFORMS.values() for k in c.__mro__ for n in TRANSFORM_LEGACY
+             if n in vars(k)}
+    assert not found and not any(c._legacy for c in TRANSFORMS.values())

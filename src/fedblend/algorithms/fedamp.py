@@ -139,7 +139,7 @@ class FedAMP(Method):
         """The start of local training: ``w_i`` (``start = "local"``) or ``u_i`` (``"cloud"``). A transform that
         blends the received model (ALA) gets ``u_i`` and makes the start itself (FedALA Alg. 1 replaces the host's
         initialisation), so ``start`` does not apply then."""
-        if self.opts.start == "local" and not any(t.requires_received for t in self.transforms):
+        if self.opts.start == "local" and not any(t.traits.requires_received for t in self.transforms):
             return dict(cstate["params"])
         return {**cstate["params"], **msg.params()}
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from fedblend.common.params import Params, clone, select, weighted_average
@@ -77,7 +77,15 @@ from fedblend.core.template import (  # noqa: F401  (helpers a method's hooks ca
     train_spec,
 )
 from fedblend.core.training import LossTerm, TrainResult, TrainSpec
-from fedblend.core.traits import LEGACY_DECLARATIONS, TRAINED, Traits, eval_choices, resolve_traits
+from fedblend.core.traits import (
+    LEGACY_DECLARATIONS,
+    TRAINED,
+    TRANSFORM_LEGACY,
+    Traits,
+    TransformTraits,
+    eval_choices,
+    resolve_traits,
+)
 from fedblend.models.zoo import FedModel
 
 __all__ = ["ClientCtx", "ClientHalf", "ClientTransform", "ClientWork", "EvalSpec", "Message", "Method", "RunInfo",
@@ -97,29 +105,38 @@ class ClientTransform:
     the personalized model evaluated, from the evaluation message and the client's state only; a transform
     that blends the received model (``requires_received``) is handed what ``client_init`` makes of the
     evaluation message, as ``apply`` is in training. ``eval_models`` may offer ``[eval] model`` choices of its
-    own (ALA: "ala", "stored", "trained"), which then replace the host's.
+    own (ALA: "ala", "stored", "trained"), which then replace the host's. What it needs of its host is one
+    function of its options, :meth:`declare` -> :class:`~fedblend.core.traits.TransformTraits`.
     """
 
     name: ClassVar[str] = "transform"
     options_cls: ClassVar[type] = NoOptions
-    #: the transform reads the client's own model from its last training (``cstate["params"]``)
-    needs_local_model: ClassVar[bool] = False
-    #: the transform blends with a global model, so the method must have one
-    requires_global: ClassVar[bool] = False
-    #: the transform blends the model the server sends a client (global or personalized: what ``client_init`` makes
-    #: of the message) with the client's own last model, so the method must train from a received model
-    #: (``traits.trains_from_received``); at evaluation it reads that model from the evaluation message
-    requires_received: ClassVar[bool] = False
-    #: the transform runs its own optimisation loop as plain code on the client (ALA's weight learning), so a
-    #: backend that batches TrainSpecs across clients cannot batch that part
-    own_loop: ClassVar[bool] = False
-    #: prefixes of the client stats (``ctx.stats`` keys) the round's metrics also keep per client, in
-    #: ``stats_per_client`` (ALA's per-round diagnostics): per-round records belong in the round's metrics, never
-    #: in the client state, which is checkpointed and shipped every round and must not grow with the rounds
-    per_client_stats: ClassVar[tuple[str, ...]] = ()
+    _legacy: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any):
+        """A plug-in that still declares its needs as class attributes (:data:`TRANSFORM_LEGACY`) is honoured,
+        with a FutureWarning naming ``declare``."""
+        super().__init_subclass__(**kwargs)
+        old = {k: v for k, v in vars(cls).items() if k in TRANSFORM_LEGACY}
+        if old:
+            warnings.warn(f"{cls.__name__} declares {', '.join(sorted(old))} as class attributes; declare them in "
+                          f"def declare(self) -> TransformTraits (" + ", ".join(
+                              f"{k} -> TransformTraits.{TRANSFORM_LEGACY[k]}" for k in sorted(old))
+                          + "); class attributes stop working in a later release", FutureWarning, stacklevel=2)
+            cls._legacy = {**cls._legacy, **{TRANSFORM_LEGACY[k]: tuple(v) if isinstance(v, list) else v
+                                             for k, v in old.items()}}
 
     def __init__(self, options: Any = None):
         self.opts = options if options is not None else self.options_cls()
+
+    def declare(self) -> TransformTraits:
+        """What the transform needs of its host, from its options (default: nothing)."""
+        return TransformTraits()
+
+    @property
+    def traits(self) -> TransformTraits:
+        """:meth:`declare`'s value (with a plug-in's former class attributes on top)."""
+        return replace(self.declare(), **self._legacy)
 
     @property
     def key(self) -> str:

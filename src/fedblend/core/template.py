@@ -124,7 +124,7 @@ def eval_params(method: Method, msg: Message, cstate: State, ctx: ClientCtx) -> 
     transforms do not change the model evaluated (``Traits.eval_transforms``: Ditto's v_k) is its own."""
     if not method.traits.eval_transforms:
         return method.personalized_params(msg, cstate, ctx)
-    if any(t.requires_received for t in method.transforms):
+    if any(t.traits.requires_received for t in method.transforms):
         params = method.client_init(msg, cstate, ctx)
     else:
         params = method.personalized_params(msg, cstate, ctx)

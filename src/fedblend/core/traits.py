@@ -13,7 +13,8 @@ from typing import Any
 
 Method = Any  # a fedblend.core.method.Method (not imported: the method module imports this one)
 
-__all__ = ["LEGACY_DECLARATIONS", "TRAINED", "Traits", "eval_choices", "resolve_traits"]
+__all__ = ["LEGACY_DECLARATIONS", "TRAINED", "TRANSFORM_LEGACY", "TransformTraits", "Traits", "eval_choices",
+           "resolve_traits"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,33 @@ LEGACY_DECLARATIONS = {
     "evaluates_received_model": "evaluates_received_model", "evaluates_own_model": "evaluates_own_model",
     "pretrainable": "", "param_records": "param_records", "extra_entries": "extra_entries",
 }
+@dataclass(frozen=True)
+class TransformTraits:
+    """What a client transform needs of the method it composes with: one frozen value from
+    :meth:`~fedblend.core.method.ClientTransform.declare`, one function of the transform's options."""
+
+    #: it reads the client's own model from its last training (``cstate["params"]``): the host keeps it
+    needs_local_model: bool = False
+    #: it blends the model the server sends a client (global or personalized: what ``client_init`` makes of the
+    #: message) with the client's own last model, so the host must train from a received model
+    #: (``Traits.trains_from_received``); at evaluation it reads that model from the evaluation message
+    requires_received: bool = False
+    #: it runs an optimisation loop of its own as plain code on the client (ALA's weight learning), so a backend
+    #: that batches TrainSpecs across clients cannot batch that part
+    own_loop: bool = False
+    #: prefixes of the client stats (``ctx.stats`` keys) the round's metrics also keep per client, in
+    #: ``stats_per_client`` (ALA's per-round diagnostics): per-round records belong in the round's metrics, never
+    #: in the client state, which is checkpointed and shipped every round and must not grow with the rounds
+    per_client_stats: tuple[str, ...] = ()
+
+
+#: the class attributes that declared a transform's needs before ``ClientTransform.declare`` (a plug-in that
+#: still sets them is built with a FutureWarning): old name -> the :class:`TransformTraits` field. The former
+#: ``requires_global`` (never set by a transform) asked for a global model to blend: a received one, now
+TRANSFORM_LEGACY = {"needs_local_model": "needs_local_model", "requires_received": "requires_received",
+                    "requires_global": "requires_received", "own_loop": "own_loop",
+                    "per_client_stats": "per_client_stats"}
+
 #: what a method evaluates unless it says otherwise (:meth:`Method.eval_models`)
 TRAINED = "each client's model after its last local training"
 
@@ -148,7 +176,7 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
     glob = t.global_model
     # a transform that blends the received model evaluates that blend from the evaluation message, which must
     # then carry the model (a method that evaluates its own model otherwise sends nothing)
-    blends = any(tr.requires_received for tr in method.transforms)
+    blends = any(tr.traits.requires_received for tr in method.transforms)
     return replace(
         t, eval_model=t.eval_model.replace("{}", desc), eval_choice=choice,
         reports_global=glob if t.reports_global is None else t.reports_global,
@@ -156,7 +184,7 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
         evaluates_received_model=(choice == "received" if t.evaluates_received_model is None
                                   else t.evaluates_received_model),
         evaluates_own_model=t.evaluates_own_model and not blends,
-        keeps_model=t.keeps_model or any(tr.needs_local_model for tr in method.transforms),
-        own_loop=t.own_loop or any(tr.own_loop for tr in method.transforms),
+        keeps_model=t.keeps_model or any(tr.traits.needs_local_model for tr in method.transforms),
+        own_loop=t.own_loop or any(tr.traits.own_loop for tr in method.transforms),
         param_records=tuple(t.param_records), extra_entries=tuple(t.extra_entries),
-        per_client_stats=tuple(p for tr in method.transforms for p in tr.per_client_stats))
+        per_client_stats=tuple(p for tr in method.transforms for p in tr.traits.per_client_stats))
