@@ -38,7 +38,8 @@ COMMAND = "python bookkeeping/gen_docs.py"
 #: the public surface the API reference documents: the method interface (its two halves, their hooks and the
 #: specs they exchange), the parameter helpers a method uses, plug-ins, the contract suite, the Python API and the
 #: results library
-API_MODULES = ("fedblend.core.method", "fedblend.core.message", "fedblend.core.training",
+API_MODULES = ("fedblend.core.method", "fedblend.core.context", "fedblend.core.traits", "fedblend.core.template",
+               "fedblend.core.message", "fedblend.core.training",
                "fedblend.core.evaluation", "fedblend.common.params", "fedblend.common.options", "fedblend.common.plugins",
                "fedblend.testing", "fedblend.api", "fedblend.results", "fedblend.results.runs", "fedblend.results.schema",
                "fedblend.results.stats", "fedblend.results.table", "fedblend.results.compare", "fedblend.results.names",
@@ -113,16 +114,23 @@ def eval_model_table(methods: dict, transforms: dict) -> str:
 
 # ----------------------------------------------------------------------------------------- docs/architecture.md
 def hooks(method_cls: type | None = None) -> list[str]:
-    """The template's hooks: members of ``Method`` (in definition order) whose docstring starts with "Hook"."""
-    if method_cls is None:
-        from fedblend.core.method import Method as method_cls
-    return [n for n, v in vars(method_cls).items() if callable(v) and not n.startswith("_")
-            and (inspect.getdoc(v) or "").startswith("Hook")]
+    """The hooks a method author overrides: the ``HOOKS`` each class of ``method_cls``'s hierarchy declares (the
+    server half's, then the client half's, then ``Method``'s declarations, then a subclass's own), in that order."""
+    from fedblend.core.method import ClientHalf, Method, ServerHalf
+
+    method_cls = method_cls or Method
+    halves = [ServerHalf, ClientHalf]
+    out: list[str] = []
+    for k in halves + [k for k in reversed(method_cls.__mro__) if k not in halves]:
+        out += [h for h in vars(k).get("HOOKS", ()) if h not in out]
+    return out
 
 
 def hook_owners(methods, names: list[str], base: type) -> dict[str, list[type]]:
-    """``{hook: classes that define it}`` over the methods' class hierarchies (``base`` itself left out)."""
-    classes = {k for c in methods for k in c.__mro__ if issubclass(k, base) and k is not base}
+    """``{hook: classes that define it}`` over the methods' class hierarchies (``base`` and the classes it is made
+    of, the two halves, left out)."""
+    core = set(base.__mro__)
+    classes = {k for c in methods for k in c.__mro__ if issubclass(k, base) and k not in core}
     return {h: sorted((k for k in classes if h in vars(k)), key=lambda k: k.__name__.lower()) for h in names}
 
 
@@ -147,8 +155,9 @@ def hook_table() -> str:
     from fedblend.core.method import Method
 
     names = hooks(Method)
-    owners = hook_owners(METHODS.values(), names, Method)
-    registered = set(METHODS.values())
+    builtins = [m for m in METHODS.values() if m.__module__.startswith("fedblend.")]  # not a test's plug-in
+    owners = hook_owners(builtins, names, Method)
+    registered = set(builtins)
 
     def who(k: type) -> str:
         return vars(k).get("display_name", k.__name__) if k in registered else f"`{k.__name__}`"

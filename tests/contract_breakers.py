@@ -3,6 +3,8 @@ worker processes could import them)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fedblend.algorithms.fedavg import FedAvg
@@ -13,7 +15,9 @@ class Greedy(FedAvg):
     """Evaluation writes into the client state (it must not)."""
 
     name = "greedy-test"
-    client_keeps_model = True
+
+    def declare(self, choice):
+        return replace(super().declare(choice), keeps_model=True)
 
     def personalized_params(self, msg, cstate, ctx):
         cstate["evaluated"] = cstate.get("evaluated", 0) + 1
@@ -170,7 +174,9 @@ class DeclaredExtra(ReplyBreaker):
     a record of its own whose entries are not the model's; both are accepted."""
 
     name = "declared-extra-test"
-    extra_entries = ("scale",)
+
+    def declare(self, choice):
+        return replace(super().declare(choice), extra_entries=("scale",))
 
     def broken(self, reply):
         reply.arrays["params"]["scale"] = torch.ones(())

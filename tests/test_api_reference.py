@@ -46,12 +46,14 @@ def test_a_server_side_method_is_written_from_the_reference(pages):
     ``"global"`` entry and ``weighted_average``'s module are all on the reference's pages."""
     method, params, message = (pages["fedblend/core/method.html"], pages["fedblend/common/params.html"],
                                pages["fedblend/core/message.html"])
-    for name in ("Method.init_server", "Method.aggregate_train", "Method.configure_train", "Method.reply",
-                 "Method.global_params", "ServerCtx", "ClientCtx", "Traits"):
+    context, traits = pages["fedblend/core/context.html"], pages["fedblend/core/traits.html"]
+    for name in ("ServerHalf.init_server", "ServerHalf.aggregate_train", "ServerHalf.configure_train",
+                 "ClientHalf.reply", "ServerHalf.global_params", "Method.declare"):
         assert f'id="{name}"' in method, name
-    init_server = _section(method, "Method.init_server")
+    assert 'id="ServerCtx"' in context and 'id="ClientCtx"' in context and 'id="Traits"' in traits
+    init_server = _section(method, "ServerHalf.init_server")
     assert "sctx" in init_server and "global" in init_server
-    reply = _section(method, "Method.reply")
+    reply = _section(method, "ClientHalf.reply")
     assert "num_samples" in reply and "res.params" in reply
     assert 'id="weighted_average"' in params and 'id="Message.params"' in message
     assert "metrics" in _section(message, "Message")

@@ -29,8 +29,20 @@ GEN = load_script("gen_docs", "bookkeeping")
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_no_method_retypes_the_client_template(name):
-    owners = [k.__name__ for k in METHODS[name].__mro__ if "client_train" in vars(k)]
-    assert owners == ["Method"], f"{name}: client_train defined by {owners}; use the template's hooks"
+    """The client template is a function of the core (``template.client_train``), not a member: no method class
+    defines it or another former hook that is machinery now (a class that tries is refused when written)."""
+    from fedblend.core.method import NOT_HOOKS, Method
+
+    owners = {f"{k.__name__}.{n}" for k in METHODS[name].__mro__ if k is not Method for n in NOT_HOOKS if n in vars(k)}
+    assert not owners, f"{name}: {sorted(owners)} defined; use the template's hooks"
+
+
+def test_a_class_that_retypes_the_template_is_refused_where_it_is_written():
+    from fedblend.algorithms.fedavg import FedAvg
+
+    for name in ("client_train", "train_spec", "shared_names", "apply_transforms"):
+        with pytest.raises(TypeError, match=f"overrides {name}, which is no longer a hook"):
+            type("Retyped", (FedAvg,), {name: lambda self, *a: None})
 
 
 def ba_sim(fed, spec: str, rounds: int = 2, backend=None) -> Simulation:
@@ -71,7 +83,7 @@ class Probe(ClientTransform):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypatch):
     monkeypatch.setitem(TRANSFORMS, "probe", Probe)
-    if not METHODS[name].accepts_transforms:
+    if not build_method(name).traits.accepts_transforms:
         with pytest.raises(ValueError, match=f"{name} trains from a model of its own"):
             build_method(f"{name}+probe")
         return
@@ -83,28 +95,28 @@ def test_every_method_honours_a_transform_or_refuses_it(name, tiny_fed, monkeypa
 
 
 def test_architecture_hook_table_is_the_generated_text():
-    """docs/architecture.md's table of the template's hooks is what ``python bookkeeping/gen_docs.py`` writes from
-    ``Method`` (every member whose docstring starts with "Hook") and the registered methods' overrides."""
+    """docs/architecture.md's table of the hooks is what ``python bookkeeping/gen_docs.py`` writes from the two
+    halves' ``HOOKS`` and ``Method``'s, and the built-in methods' overrides."""
     stale = [p.name for p, _, _ in GEN.stale() if p.name == "architecture.md"]
     assert stale == [], "docs/architecture.md's hook table is stale: run python bookkeeping/gen_docs.py"
 
 
 def test_hook_table_follows_the_class_and_its_overrides():
-    """The generator reads the hooks from the class (a new "Hook" member appears, in definition order) and names
-    exactly the classes that override each one."""
-    from fedblend.core.method import Method
+    """The generator reads the hooks from the classes' ``HOOKS`` (server half, client half, declarations, then a
+    subclass's own) and names exactly the classes that override each one."""
+    from fedblend.core.method import ClientHalf, Method, ServerHalf
 
-    assert GEN.hooks(Method) == ["client_init", "before_training", "scored_params", "local_training", "reply"]
+    assert GEN.hooks(Method) == [*ServerHalf.HOOKS, *ClientHalf.HOOKS, *Method.HOOKS]
 
     class Grown(Method):
+        HOOKS = ("extra_hook", "init_server")
+
         def extra_hook(self, msg):
-            """Hook: something new (default: nothing)."""
+            """Something new (default: nothing)."""
 
-        def helper(self):
-            """Not a hook."""
-
-    assert GEN.hooks(Grown) == ["extra_hook"]
+    assert GEN.hooks(Grown) == [*GEN.hooks(Method), "extra_hook"]
     owners = GEN.hook_owners([METHODS["fedamp"], METHODS["apple"], METHODS["fedavg"]], GEN.hooks(Method), Method)
     assert [k.__name__ for k in owners["client_init"]] == ["APPLE", "FedAMP"] and owners["before_training"] == []
+    assert not [k for ks in owners.values() for k in ks if k.__module__ == "fedblend.core.method"]  # nor the halves
     row = next(r for r in GEN.hook_table().splitlines() if r.startswith("| `scored_params("))
     assert row.endswith("| DBE |") and "Params \\| EvalSpec" in row

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -116,8 +117,8 @@ def test_sequential_server_mode_sees_earlier_uploads(tiny_fed):
     class SeqAvg(FedAvg):
         name = "seqavg-test"
 
-        def resolve_traits(self, **declared):
-            return super().resolve_traits(**{"sequential_server": True, **declared})
+        def declare(self, choice):
+            return dataclasses.replace(super().declare(choice), sequential_server=True)
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1)
     sim.method = SeqAvg()

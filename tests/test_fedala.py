@@ -279,17 +279,19 @@ def test_fedala_is_fedavg_plus_ala_and_composes(tiny_fed):
 def test_ala_hosts_are_the_methods_with_a_global_model_and_fedamp():
     """ALA blends the model a client receives (FedALA Eq. 4's theta) with its own: every method with a global model
     that accepts transforms hosts it, as before, and of those without one only FedAMP (its personalized u_i; FedALA
-    Table 4), which declares ``trains_from_received``; undeclared, the trait is ``has_global``."""
-    from fedblend.algorithms import METHODS
-    from fedblend.core.method import Method
+    Table 4), which declares ``trains_from_received``; undeclared, the trait is ``global_model``."""
+    from fedblend.algorithms import METHODS, build_method
+    from fedblend.core.method import Method, Traits
     from tests.test_shared_suite import hosts
 
-    with_global = {m for m, c in METHODS.items() if c.has_global and c.accepts_transforms and m != "fedala"}
+    with_global = {m for m in METHODS if build_method(m).traits.global_model
+                   and build_method(m).traits.accepts_transforms and m != "fedala"}
     assert set(hosts("ala")) == with_global | {"fedamp"}
     assert Method().traits.trains_from_received
 
     class NoGlobal(Method):
-        has_global = False
+        def declare(self, choice):
+            return Traits(global_model=False)
 
     assert not NoGlobal().traits.trains_from_received
 

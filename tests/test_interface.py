@@ -4,6 +4,7 @@ process backend's failure modes, and the device / backend config fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ from fedblend.common.codec import TREE, CodecError, decode, encode, to_device
 from fedblend.common.options import ConfigError
 from fedblend.core.client import drive
 from fedblend.core.message import Message, comm_bytes
+from fedblend.core.template import client_train, record_training, train_spec
 from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, sgd_train
 from fedblend.models.zoo import build_model
 from tests.helpers import run_client, same_state, tiny_sim, train_message
@@ -150,22 +152,24 @@ def test_two_phase_client_generator_through_the_runtime(tiny_fed):
     momentum of both phases is kept in the client state."""
     class TwoPhase(FedAvg):
         name = "two-phase-test"
-        client_keeps_model = True
+
+        def declare(self, choice):
+            return dataclasses.replace(super().declare(choice), keeps_model=True)
 
         def local_training(self, params, msg, cstate, ctx):
             head = ctx.model.head_names()
-            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=head, stream="head")
-            cstate = self.record_training(r1, cstate, ctx)
+            r1 = yield train_spec(self, params, msg, cstate, ctx, trainable=head, stream="head")
+            cstate = record_training(r1, cstate, ctx)
             body = ctx.model.body_names()
-            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=body, stream="body")
-            return r2, self.record_training(r2, cstate, ctx)
+            r2 = yield train_spec(self, r1.params, msg, cstate, ctx, trainable=body, stream="body")
+            return r2, record_training(r2, cstate, ctx)
 
     sim = tiny_sim(tiny_fed, "fedavg", rounds=1, momentum=0.5, optimizer_state="keep")
     sim.method = TwoPhase()
     res = run_client(sim, 0, train_message(sim, 0))
     assert set(res.state["momentum"]) == set(sim.run_info.init_params)
     specs = []
-    work = sim.method.client_train(train_message(sim, 0), sim.method.init_client(sim.client_ctx(0, 0)), sim.client_ctx(0, 0))
+    work = client_train(sim.method, train_message(sim, 0), sim.method.init_client(sim.client_ctx(0, 0)), sim.client_ctx(0, 0))
 
     def execute(spec):
         specs.append(spec)
@@ -179,7 +183,7 @@ def test_train_spec_defaults_from_the_template(tiny_fed):
     sim = tiny_sim(tiny_fed, "fedprox", {"mu": 0.1}, rounds=1)
     msg = train_message(sim, 0)
     ctx = sim.client_ctx(0, 0)
-    spec = sim.method.train_spec(sim.method.client_init(msg, {}, ctx), msg, {}, ctx)
+    spec = train_spec(sim.method, sim.method.client_init(msg, {}, ctx), msg, {}, ctx)
     assert isinstance(spec, TrainSpec) and spec.trainable is None and spec.momentum is None
     assert [t.name for t in spec.loss_terms] == ["proximal"] and spec.stream == "batches"
 
@@ -190,7 +194,7 @@ class Broken(FedAvg):
 
     name = "broken-test"
 
-    def client_train(self, msg, cstate, ctx):
+    def client_step(self, phase, msg, cstate, ctx):
         raise ValueError("boom")
         yield  # a generator, like every client half
 
@@ -203,7 +207,7 @@ def test_process_backend_worker_error_is_reported(tiny_fed):
     from fedblend.common.errors import HookError
 
     with sim, pytest.raises(HookError, match=r"^method plug-in 'broken-test' \(tests.test_interface:Broken\) raised "
-                                              r"in client_train \(client \d, round 1\): ValueError: boom"):
+                                              r"in client_step \(client \d, round 1\): ValueError: boom"):
         sim.run_round()  # the worker's exception, named once by the parent (not a RuntimeError of tracebacks)
 
 
@@ -247,7 +251,6 @@ def test_own_loop_is_declared():
 
 
 def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
-    import dataclasses
 
     from fedblend.algorithms import METHODS, build_method
     from fedblend.core.method import Method, Traits
@@ -266,12 +269,22 @@ def test_traits_are_one_frozen_value_resolved_from_options_and_transforms():
     for cls in METHODS.values():
         for name in {f.name for f in dataclasses.fields(Traits)}:
             assert not isinstance(getattr(cls, name, None), property), f"{cls.name}.{name} is a property"
-    with pytest.raises(TypeError, match="no trait named"):
-        Method().resolve_traits(keep_model=True)
-    # a resolved-only trait written as a class attribute or property (nothing would read it) is refused
-    for name in ("sequential_server", "keeps_model", "own_loop", "per_client_stats"):
+    with pytest.raises(TypeError, match="keep_model"):
+        Traits(keep_model=True)
+    # a trait written as a class attribute or property (nothing would read it) is refused where the class is
+    # written; the former class declarations of a plug-in are mapped (tests/test_plugins_legacy.py)
+    for name in ("sequential_server", "keeps_model", "own_loop", "per_client_stats", "global_model",
+                 "reports_global", "eval_transforms", "eval_choice"):
         with pytest.raises(TypeError, match=f"defines {name} as a class attribute"):
             type("Stale", (Method,), {name: property(lambda self: True)})
+    with pytest.raises(TypeError, match="resolve_traits"):
+        type("Stale", (Method,), {"resolve_traits": lambda self, **declared: None})
+    # declared and resolved-only fields are kept apart: a declaration that sets a resolved one is refused
+    class SetsChoice(Method):
+        def declare(self, choice):
+            return Traits(eval_choice="trained")
+    with pytest.raises(TypeError, match="resolved from the transforms"):
+        SetsChoice()
 
 
 def test_bench_command_times_engine_and_plain_loop(capsys):
@@ -318,13 +331,15 @@ def test_vmap_backend_partial_training_and_fallback(tiny_fed):
 
     class HeadThenBody(FedAvg):
         name = "head-then-body-test"
-        client_keeps_model = True
+
+        def declare(self, choice):
+            return dataclasses.replace(super().declare(choice), keeps_model=True)
 
         def local_training(self, params, msg, cstate, ctx):
-            r1 = yield self.train_spec(params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
-            cstate = self.record_training(r1, cstate, ctx)
-            r2 = yield self.train_spec(r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
-            return r2, self.record_training(r2, cstate, ctx)
+            r1 = yield train_spec(self, params, msg, cstate, ctx, trainable=ctx.model.head_names(), stream="head")
+            cstate = record_training(r1, cstate, ctx)
+            r2 = yield train_spec(self, r1.params, msg, cstate, ctx, trainable=ctx.model.body_names(), stream="body")
+            return r2, record_training(r2, cstate, ctx)
 
     runs = []
     for backend in (None, VmapBackend()):

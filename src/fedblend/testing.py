@@ -58,6 +58,7 @@ from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import Method
 from fedblend.core.replies import reply_errors, where_reply
 from fedblend.core.sampling import SamplingConfig
+from fedblend.core.template import shared_names
 from fedblend.core.training import TrainConfig
 from fedblend.data.federated import FederatedData, PartitionSpec, build_federated
 from fedblend.data.synthetic import make_synthetic
@@ -174,7 +175,7 @@ def check_partial_participation(method: MethodLike, fed: FederatedData, options=
     half = max(1, round(fed.num_clients * 0.5))
     assert all(len(m["selected"]) == half for m in sim.history) and 0.0 <= sim.history[-1]["acc"] <= 1.0
     assert len({tuple(m["selected"]) for m in sim.history}) > 1, "the same clients joined every round"
-    shared = set(sim.method.shared_names(sim.run_info))
+    shared = set(shared_names(sim.method, sim.run_info))
     trained = [(j, r) for j, r in backend.log if j.phase != "evaluate"]
     assert trained, "no client trained"
     last: dict = {}  # each client receives exactly the state its own previous exchange returned (None at first)

@@ -92,7 +92,7 @@ def test_fedamp_ala_builds_and_its_evaluation_message_carries_u_i(tiny_fed):
     from tests.helpers import eval_message
 
     method = build_method("fedamp+ala")
-    assert method.traits.trains_from_received and not method.traits.has_global
+    assert method.traits.trains_from_received and not method.traits.global_model
     assert build_method("fedamp").traits.evaluates_own_model and not method.traits.evaluates_own_model
     sim = tiny_sim(tiny_fed, "fedamp+ala", CONVEX, ALA_ON, rounds=3, seed=0)
     sim.run_round()

@@ -35,7 +35,7 @@ last ``w``, as for FedAvg, and ``[eval] model`` is ALA's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -46,7 +46,8 @@ from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, flatten, unflatten
-from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.method import ClientCtx, Message, Method, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import LossTerm, TrainResult
 
 LOCAL = "apfl_v"
@@ -81,9 +82,13 @@ class APFL(Method):
     display_name = "APFL"
     options_cls = APFLOptions
     paper = "Deng, Kamani and Mahdavi, Adaptive Personalized Federated Learning, arXiv:2003.13461, 2020"
-    eval_model = "the aggregated global model (what each client receives)"
-    evaluates_received_model = True  # the global side w of the mixture: the received global model (as FedAvg)
-    client_keeps_model = False  # w restarts from the received model; v_i and alpha_i are kept under "apfl"
+
+    def declare(self, choice: str) -> Traits:
+        """``w`` restarts from the received model (v_i and alpha_i are kept under "apfl"), so the client keeps no
+        model; the global side ``w`` of the mixture is the received global model (as FedAvg)."""
+        return Traits(keeps_model=False, evaluates_received_model=True,
+                      eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its local "
+                                 "model v_i and w = {}")
 
     def init_client(self, ctx: ClientCtx) -> State:
         alpha = torch.tensor(self.opts.alpha, dtype=torch.float32, device=ctx.run.device)
@@ -96,8 +101,8 @@ class APFL(Method):
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
         term = LossTerm(mixture_loss, {"names": names}, name="apfl_mixture")
-        res = yield self.train_spec(work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
-        cstate = self.record_training(res, cstate, ctx)
+        res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
+        cstate = record_training(res, cstate, ctx)
         alpha = res.params[ALPHA].clamp(0.0, 1.0) if self.opts.clip else res.params[ALPHA]
         ctx.stats["apfl_alpha"] = float(alpha)
         v = {n: t.clone() for n, t in unflatten(res.params[LOCAL], params).items()}  # own storage, not views
@@ -121,10 +126,6 @@ class APFL(Method):
     def eval_models(self) -> dict[str, str]:
         """``"received"`` (paper): ``w`` of the mixture is the received global model; ``"trained"``: the client's
         own copy after its last local training (PFLlib's ``model_per``)."""
-        return {"received": self.eval_model,
+        return {"received": "the aggregated global model (what each client receives)",
                 "trained": "its own copy after its last local training (PFLlib's model_per)"}
 
-    def resolve_traits(self, **declared):
-        t = super().resolve_traits(**declared)
-        return replace(t, eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its "
-                                     "local model v_i and w = " + t.eval_model)

@@ -45,7 +45,7 @@ from fedblend.algorithms.parts.rows import aggregate_row
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, stack_copies, with_rows
-from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State, Traits
 from fedblend.core.training import TrainResult, batches
 
 
@@ -158,13 +158,15 @@ class APPLE(Method):
     display_name = "APPLE"
     options_cls = APPLEOptions
     paper = "Luo & Wu, Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning, IJCAI 2022"
-    eval_model = "each client's mixture of cores by its DR vector after its last local step (Eq. 2)"
-    evaluates_own_model = True  # the client evaluates its own mixture
-    has_global = False
-    client_own_loop = True
-    #: the client trains its core and DR vector through a mixture of every client's core: a transform's change of
-    #: the model it starts from would be ignored, so transforms are refused
-    accepts_transforms = False
+
+    def declare(self, choice: str) -> Traits:
+        """No global model; the client evaluates its own mixture; its update is a loop of its own. It trains its
+        core and DR vector through a mixture of every client's core: a transform's change of the model it starts
+        from would be ignored, so transforms are refused."""
+        return Traits(global_model=False, evaluates_own_model=True, own_loop=True, accepts_transforms=False)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's mixture of cores by its DR vector after its last local step (Eq. 2)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:

@@ -48,7 +48,8 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, weighted_average
 from fedblend.core.evaluation import EvalSpec
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import Batch, Forward, LossTerm, TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -104,23 +105,20 @@ class DBE(Method):
     options_cls = DBEOptions
     paper = ("Zhang et al., Eliminating Domain Bias for Federated Learning in Representation Space (DBE), "
              "NeurIPS 2023")
-    eval_model = ("the received global model with the client's own representation bias zbar_i^p (PRBM) added to "
-                  "its features")
-    evaluates_received_model = True  # the received global model (the bias is added in evaluate, after any transform)
-    client_keeps_model = False
 
     def eval_models(self) -> dict[str, str]:
-        return {"received": self.eval_model,
+        return {"received": "the received global model with the client's own representation bias zbar_i^p (PRBM) "
+                            "added to its features",
                 "trained": "the client's model after its last local training with its representation bias zbar_i^p "
                            "(PRBM) added to its features (its current local model, as FedAPA's evaluation loop "
                            "scores clients)"}
 
-    def resolve_traits(self, **declared):
-        """``[eval] model = "trained"``: the client keeps its trained model and that model (with its bias) is
-        evaluated."""
-        if self.chosen_eval != "trained":
-            return super().resolve_traits(**declared)
-        return super().resolve_traits(**{"keeps_model": True, "evaluates_received_model": False, **declared})
+    def declare(self, choice: str) -> Traits:
+        """The received global model is evaluated (the bias is added in evaluate, after any transform) and the
+        client keeps no model; ``[eval] model = "trained"``: the client keeps its trained model and that model
+        (with its bias) is evaluated."""
+        trained = choice == "trained"
+        return Traits(keeps_model=trained, evaluates_received_model=not trained)
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """``"trained"``: the last trained model (the received one until the client first trains)."""
@@ -176,7 +174,7 @@ class DBE(Method):
         """``init_pass = "before"``: plain local training from the received model (no bias, no regulariser) and
         ``zbar_i^g`` of the trained model over the training split; the training is discarded (state unchanged)."""
         params = self.client_init(msg, cstate, ctx)
-        res = yield self.train_spec(params, msg, cstate, ctx)
+        res = yield train_spec(self, params, msg, cstate, ctx)
         mean = feature_mean(ctx.model, res.params, ctx.data.train_x)
         return Message({"dbe": {"client_mean": mean}}, {"num_samples": ctx.data.num_train}), cstate
 
@@ -195,14 +193,14 @@ class DBE(Method):
     def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """One spec with DBE's forward pass: the bias is a trained entry of the spec, added to the features
         before the head; the result's ``params`` are the model without it (the bias goes to the state)."""
-        spec = self.train_spec(params, msg, cstate, ctx)
+        spec = train_spec(self, params, msg, cstate, ctx)
         if self._active(msg) and self.opts.prbm:
             spec.params = {**params, PRBM: cstate["prbm"]}
             spec.forward = prbm_forward()
         res = yield spec
         if PRBM in res.params:
             cstate = {**cstate, "prbm": res.params[PRBM]}
-        cstate = self.record_training(res, cstate, ctx)
+        cstate = record_training(res, cstate, ctx)
         if self.traits.eval_choice == "trained":
             cstate = {**cstate, "trained": True}
         trained = {k: v for k, v in res.params.items() if k != PRBM}

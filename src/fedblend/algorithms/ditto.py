@@ -38,7 +38,8 @@ from fedblend.algorithms.parts.proximal import proximal_term
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
-from fedblend.core.method import ClientCtx, Message, Method, State, report_loss
+from fedblend.core.method import ClientCtx, Message, Method, State, Traits, report_loss
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import TrainSpec, merge_momentum
 
 
@@ -56,15 +57,17 @@ class Ditto(Method):
     display_name = "Ditto"
     options_cls = DittoOptions
     paper = "Li, Hu, Beirami and Smith, Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
-    eval_model = "each client's personalized model v_k (Ditto Eq. 2) after its last local update"
-    client_keeps_model = False  # the global copy restarts from w^t every round; v_k is kept under "personal"
+
+    def declare(self, choice: str) -> Traits:
+        """The global copy restarts from w^t every round (v_k is kept under "personal"); v_k is evaluated also
+        with a transform on: the transform changes the global update only."""
+        return replace(super().declare(choice), keeps_model=False, eval_transforms=False)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's personalized model v_k (Ditto Eq. 2) after its last local update"}
 
     def init_client(self, ctx: ClientCtx) -> State:
         return {**super().init_client(ctx), "personal": clone(ctx.run.init_params)}
-
-    def train_spec(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx, **kw) -> TrainSpec:
-        """The global-objective update (Alg. 1 line 5) draws its batches from the ``"global"`` stream."""
-        return super().train_spec(params, msg, cstate, ctx, **{"stream": "global", **kw})
 
     def personal_spec(self, msg: Message, cstate: State, ctx: ClientCtx) -> TrainSpec:
         """Alg. 1 line 7: SGD on ``F_k(v) + lam/2 ||v - w^t||^2`` from the kept ``v_k``."""
@@ -75,8 +78,10 @@ class Ditto(Method):
 
     def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """The global update (FedAvg's, reported as ``train_loss``), then the personalized one
-        (``personal_loss``); the reply carries the global update's result."""
-        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
+        (``personal_loss``); the reply carries the global update's result. The global-objective update (Alg. 1
+        line 5) draws its batches from the ``"global"`` stream."""
+        res = yield train_spec(self, params, msg, cstate, ctx, stream="global")
+        cstate = record_training(res, cstate, ctx)
         per = yield self.personal_spec(msg, cstate, ctx)
         cstate = {**cstate, "personal": per.params}
         if ctx.train.optimizer_state == "keep" and per.momentum is not None:
@@ -87,15 +92,3 @@ class Ditto(Method):
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["personal"]
 
-    def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """``v_k``, also with a transform: ALA initialises the global update, not the personalized model."""
-        return self.personalized_params(msg, cstate, ctx)
-
-    def eval_choices(self) -> dict[str, str]:
-        """``v_k`` is evaluated also with a transform on (the transform changes the global update only), so a
-        transform's ``[eval] model`` choices do not apply."""
-        return self.eval_models()
-
-    def resolve_traits(self, **declared):
-        """``v_k`` is evaluated also with a transform on (the transform changes the global update only)."""
-        return replace(super().resolve_traits(**declared), eval_model=self.eval_model)

@@ -21,7 +21,9 @@ class FedALA(FedAvg):
     display_name = "FedALA"
     options_cls = ALAOptions
     paper = "Zhang et al., FedALA: Adaptive Local Aggregation for Personalized Federated Learning, AAAI 2023"
-    eval_model = "the ALA-initialised model of each client (see the ALA transform)"
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the ALA-initialised model of each client (see the ALA transform)"}
 
     def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None):
         if any(isinstance(t, ALA) for t in transforms or []):

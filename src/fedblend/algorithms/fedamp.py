@@ -51,7 +51,7 @@ from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, stack_copies, with_rows
-from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State, Traits
 from fedblend.core.training import LossTerm
 
 
@@ -98,10 +98,14 @@ class FedAMP(Method):
     display_name = "FedAMP"
     options_cls = FedAMPOptions
     paper = "Huang et al., Personalized Cross-Silo Federated Learning on Non-IID Data (FedAMP), AAAI 2021"
-    eval_model = "each client's own model after its last local training (w_i of Eq. 8)"
-    evaluates_own_model = True  # a client evaluates its own model
-    has_global = False
-    trains_from_received = True  # u_i, which +ala blends with w_i (FedALA Table 4)
+
+    def declare(self, choice: str) -> Traits:
+        """No global model, but every client trains from its cloud model u_i, which +ala blends with w_i
+        (FedALA Table 4); a client evaluates its own model."""
+        return Traits(global_model=False, trains_from_received=True, evaluates_own_model=True)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's own model after its last local training (w_i of Eq. 8)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -135,7 +139,7 @@ class FedAMP(Method):
         """The start of local training: ``w_i`` (``start = "local"``) or ``u_i`` (``"cloud"``). A transform that
         blends the received model (ALA) gets ``u_i`` and makes the start itself (FedALA Alg. 1 replaces the host's
         initialisation), so ``start`` does not apply then."""
-        if self.opts.start == "local" and not any(t.requires_received for t in self.transforms):
+        if self.opts.start == "local" and not any(t.traits.requires_received for t in self.transforms):
             return dict(cstate["params"])
         return {**cstate["params"], **msg.params()}
 

@@ -47,7 +47,8 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import flatten, select, stack_copies, with_rows
 from fedblend.core.diagnostics import ClientWeights, RunFiles, register_diagnostics
-from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import shared_names
 
 
 @dataclass(frozen=True)
@@ -165,16 +166,15 @@ class FedAPA(Method):
     options_cls = FedAPAOptions
     paper = ("Sun et al., FedAPA: Server-side Gradient-Based Adaptive Personalized Aggregation for Federated "
              "Learning on Heterogeneous Data, IJCAI 2025")
-    eval_model = ("each client's current local model (last received personalized body + private head, after its "
-                  "last local training)")
-    evaluates_own_model = True  # a client evaluates its own current model (Sec. 5.2)
-    has_global = False  # what travels is the ``share`` option's (shared_names), not the class default
+    def declare(self, choice: str) -> Traits:
+        """No global model (what travels is the ``share`` option's, :meth:`shared_names`); a client evaluates its
+        own current model (Sec. 5.2); ``sequential`` runs a round's clients one by one (the authors' code)."""
+        return Traits(global_model=False, evaluates_own_model=True, sequential_server=self.opts.sequential,
+                      shares=self.opts.share)
 
-    def resolve_traits(self, **declared):
-        return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return run.model.body_names() if self.opts.share == "body" else list(run.init_params)
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's current local model (last received personalized body + private head, "
+                           "after its last local training)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
@@ -182,7 +182,7 @@ class FedAPA(Method):
         m = sctx.run.num_clients
         server: State = {
             "weights": torch.eye(m, dtype=torch.float64, device=sctx.run.device),
-            "thetas": stack_copies(select(sctx.run.init_params, self.shared_names(sctx.run)), m),
+            "thetas": stack_copies(select(sctx.run.init_params, shared_names(self, sctx.run)), m),
             "snapshots": {},
         }
         if self.opts.server_momentum > 0:

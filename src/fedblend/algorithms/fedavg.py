@@ -7,8 +7,10 @@ needs the client's own model, such as ALA, makes it keep one).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fedblend.algorithms.registry import register_method
-from fedblend.core.method import Method
+from fedblend.core.method import Method, Traits
 
 
 @register_method
@@ -16,7 +18,13 @@ class FedAvg(Method):
     name = "fedavg"
     display_name = "FedAvg"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, 2017"
-    eval_model = "the global model after aggregation (what each client receives), on each client's test data"
-    evaluates_received_model = True  # what the client would start its next round from: the received global model
-    client_keeps_model = False
+
+    def declare(self, choice: str) -> Traits:
+        """Each client starts every round from what it receives, keeps no model, and evaluates that received
+        global model: what it would start its next round from."""
+        return replace(super().declare(choice), keeps_model=False, evaluates_received_model=True)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the global model after aggregation (what each client receives), on each client's "
+                            "test data"}
 

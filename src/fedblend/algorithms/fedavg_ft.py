@@ -11,7 +11,7 @@ from fedblend.algorithms.fedavg import FedAvg
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, State, train_now
+from fedblend.core.method import ClientCtx, Message, State, Traits, train_now
 from fedblend.core.training import TrainSpec
 
 
@@ -40,6 +40,6 @@ class FedAvgFT(FedAvg):
         """The tensors fine-tuned before evaluation (None: all)."""
         return None
 
-    def resolve_traits(self, **declared):
-        t = super().resolve_traits(**declared)
-        return replace(t, eval_model=f"{t.eval_model}; then fine-tuned for ft_epochs on each client's training data")
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice),
+                       eval_model="{}; then fine-tuned for ft_epochs on each client's training data")

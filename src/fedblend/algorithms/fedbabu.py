@@ -20,14 +20,15 @@ cannot change training. The global model (aggregated body + initial head) is rep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from fedblend.algorithms.fedavg_ft import FedAvgFT
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.method import ClientCtx, Message, State, Traits
+from fedblend.core.template import record_training, train_spec
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,23 @@ class FedBABU(FedAvgFT):
     display_name = "FedBABU"
     options_cls = FedBABUOptions
     paper = "Oh, Kim and Yun, FedBABU: Toward Enhanced Representation for Federated Image Classification, ICLR 2022"
-    eval_model = "the global model (aggregated body + the frozen initial head), on each client's test data"
-    shares = "body"
+
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice), shares="body")
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the global model (aggregated body + the frozen initial head), on each client's test "
+                            "data"}
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The received body over the initial head ``theta_cls^0`` (from the run facts; it never changes), and
         over the client's own model where a transform keeps one."""
         return {**ctx.run.init_params, **cstate.get("params", {}), **msg.params()}  # the body is always received
 
-    def train_spec(self, params, msg, cstate, ctx, **kw):
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
         """Body update only (Alg. 1): the head stays at its initialisation."""
-        return super().train_spec(params, msg, cstate, ctx, **{"trainable": ctx.model.body_names(), **kw})
+        res = yield train_spec(self, params, msg, cstate, ctx, trainable=ctx.model.body_names())
+        return res, record_training(res, cstate, ctx)
 
     def finetune_names(self, ctx: ClientCtx) -> list[str] | None:
         return ctx.model.head_names() if self.opts.ft_part == "head" else None

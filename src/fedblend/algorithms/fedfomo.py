@@ -50,7 +50,7 @@ from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import evaluate_params
-from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State, Traits
 from fedblend.core.training import TrainResult
 from fedblend.data.federated import ClientData
 
@@ -144,9 +144,12 @@ class FedFomo(Method):
     options_cls = FedFomoOptions
     paper = ("Zhang et al., Personalized Federated Learning with First Order Model Optimization (FedFomo), "
              "ICLR 2021")
-    eval_model = "each client's own model after its last local training (no global model)"
-    evaluates_own_model = True  # a client evaluates its own model
-    has_global = False
+
+    def declare(self, choice: str) -> Traits:
+        return Traits(global_model=False, evaluates_own_model=True)  # a client evaluates its own model
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's own model after its last local training (no global model)"}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:

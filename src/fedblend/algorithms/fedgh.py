@@ -108,11 +108,10 @@ class FedGH(PrototypeUpload):
     display_name = "FedGH"
     options_cls = FedGHOptions
     paper = "Yi et al., FedGH: Heterogeneous Federated Learning with Generalized Global Header, ACM MM 2023"
-    eval_model = ("each client's own feature extractor after its last local training with the current global "
-                  "header")
 
     def eval_models(self) -> dict[str, str]:
-        return {"header": self.eval_model,
+        return {"header": "each client's own feature extractor after its last local training with the current "
+                          "global header",
                 "local": "each client's own model after its last local training (its own trained header)"}
 
     # ------------------------------------------------------------------------------------------ server

@@ -38,7 +38,8 @@ from fedblend.algorithms.parts.prototypes import num_classes
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, select, weighted_average
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import Batch, LossTerm, TrainResult
 
 
@@ -161,9 +162,14 @@ class FedPAC(Method):
     options_cls = FedPACOptions
     paper = ("Xu, Tong, Huang, Personalized Federated Learning with Feature Alignment and Classifier "
              "Collaboration (FedPAC), ICLR 2023")
-    eval_model = ("the global feature extractor with the client's personalized classifier (the server's Eq. 10 "
-                  "combination from its last round, else its own head)")
-    evaluates_received_model = True  # global body + own combined head, its next round's start (PFLlib evaluates there)
+
+    def declare(self, choice: str) -> Traits:
+        """Global body + own combined head, its next round's start (PFLlib evaluates there)."""
+        return Traits(evaluates_received_model=True)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "the global feature extractor with the client's personalized classifier (the server's "
+                            "Eq. 10 combination from its last round, else its own head)"}
 
     def head_names(self, run: RunInfo) -> list[str]:
         return run.model.head_names()
@@ -206,13 +212,13 @@ class FedPAC(Method):
         before = feature_statistics(ctx.model, params, ctx.data.train_x, ctx.data.train_y, num_classes(ctx.run))
         head, body = self.head_names(ctx.run), ctx.run.model.body_names()
         if self.opts.head_epochs:
-            res = yield self.train_spec(params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
+            res = yield train_spec(self, params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
                                         lr=self.opts.head_lr or None, loss_terms=(), stream="head_batches")
-            cstate = self.record_training(res, cstate, ctx)
+            cstate = record_training(res, cstate, ctx)
             params = res.params
-        res = yield self.train_spec(params, msg, cstate, ctx, trainable=body)
+        res = yield train_spec(self, params, msg, cstate, ctx, trainable=body)
         res.extras["before"] = before
-        return res, self.record_training(res, cstate, ctx)
+        return res, record_training(res, cstate, ctx)
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         """Body and head, ``V_i`` and ``h_i`` of the model trained from, class centroids of the trained model."""

@@ -17,23 +17,25 @@ server still keeps a ``global`` body (and the initial head, unused) so ``+ala`` 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fedblend.algorithms.registry import register_method
-from fedblend.common.params import Params
-from fedblend.core.method import Method, State
+from fedblend.core.method import Method, Traits
 
 
 class BodySharing(Method):
     """The part FedPer and FedRep have in common: only the body travels, the head stays in the client state,
     the personalized model is the received body over the client's own head."""
 
-    shares = "body"
-    eval_model = ("each client's aggregated body (what it receives) with its own head after its last local "
-                  "training")
-    evaluates_received_model = True  # the received (aggregated) body over the client's own head: its start of the next round
+    def declare(self, choice: str) -> Traits:
+        """The body travels; the server's global body (with the initial head) is what clients train from, but
+        the head is never aggregated, so no global accuracy is reported; the personalized model is the received
+        (aggregated) body over the client's own head, its start of the next round."""
+        return replace(super().declare(choice), shares="body", reports_global=False, evaluates_received_model=True)
 
-    def global_params(self, server: State) -> Params | None:
-        """None: the head is never aggregated, so there is no global model to report."""
-        return None
+    def eval_models(self) -> dict[str, str]:
+        return {"received": "each client's aggregated body (what it receives) with its own head after its last "
+                            "local training"}
 
 
 @register_method

@@ -29,7 +29,7 @@ Defaults ``mu = 0.9`` (the code's constant; FedALA's tuned value) and ``lam = 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -41,7 +41,7 @@ from fedblend.algorithms.parts.mix import interpolate
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone
-from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.method import ClientCtx, Message, State, Traits
 from fedblend.core.training import LossTerm
 
 
@@ -117,7 +117,6 @@ class FedPHP(FedAvg):
     display_name = "FedPHP"
     options_cls = FedPHPOptions
     paper = "Li et al., FedPHP: Federated Personalization with Inherited Private Models, ECML PKDD 2021"
-    eval_model = "each client's inherited private model (HPM; the global model for a client never contacted)"
 
     def init_client(self, ctx: ClientCtx) -> State:
         """The HPM starts as the common initial model (authors' code); ``joins`` counts participations."""
@@ -138,14 +137,14 @@ class FedPHP(FedAvg):
         return res, cstate
 
     def eval_models(self) -> dict[str, str]:
-        return {"hpm": self.eval_model,
+        return {"hpm": "each client's inherited private model (HPM; the global model for a client never "
+                       "contacted)",
                 "trained": "each client's model after its last local training (what PFLlib evaluates; the global "
                            "model for a client never contacted)"}
 
-    def resolve_traits(self, **declared):
+    def declare(self, choice: str) -> Traits:
         """``[eval] model = "trained"`` keeps the client's last trained model to evaluate it."""
-        return super().resolve_traits(keeps_model=self.client_keeps_model or self.chosen_eval == "trained",
-                                      **declared)
+        return replace(super().declare(choice), keeps_model=choice == "trained")
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         if not cstate["joins"]:

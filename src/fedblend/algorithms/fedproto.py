@@ -134,11 +134,11 @@ class FedProto(PrototypeUpload):
     display_name = "FedProto"
     options_cls = FedProtoOptions
     paper = "Tan et al., FedProto: Federated Prototype Learning across Heterogeneous Clients, AAAI 2022"
-    eval_model = ("each client's own body after its last local training, classifying by the nearest global "
-                  "prototype")
 
     def eval_models(self) -> dict[str, str]:
-        return {"proto": self.eval_model, "head": "each client's own model after its last local training (body "
+        return {"proto": "each client's own body after its last local training, classifying by the nearest "
+                         "global prototype",
+                "head": "each client's own model after its last local training (body "
                                                   "and its own head)"}
 
     # ------------------------------------------------------------------------------------------ server

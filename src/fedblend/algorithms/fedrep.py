@@ -31,6 +31,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, State, report_loss
+from fedblend.core.template import record_training, train_spec
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ class FedRep(BodySharing):
         """Alg. 1 lines 6-7: the head phase (Eq. 3) then the representation phase (Eq. 4), each a spec that
         trains only its own tensors; ``train_loss`` reports the representation phase."""
         head, body = ctx.model.head_names(), ctx.model.body_names()
-        res = yield self.train_spec(params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
+        res = yield train_spec(self, params, msg, cstate, ctx, trainable=head, epochs=self.opts.head_epochs,
                                     stream="head")
-        cstate = self.record_training(res, cstate, ctx)
+        cstate = record_training(res, cstate, ctx)
         report_loss(ctx, "head_loss", res)
-        res = yield self.train_spec(res.params, msg, cstate, ctx, trainable=body, epochs=self.opts.body_epochs)
-        return res, self.record_training(res, cstate, ctx)
+        res = yield train_spec(self, res.params, msg, cstate, ctx, trainable=body, epochs=self.opts.body_epochs)
+        return res, record_training(res, cstate, ctx)

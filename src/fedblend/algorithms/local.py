@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fedblend.algorithms.registry import register_method
-from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, ServerCtx, State, Traits
 
 
 @register_method
@@ -13,8 +13,12 @@ class Local(Method):
     name = "local"
     display_name = "Local"
     paper = "baseline: no federation"
-    eval_model = "each client's own model after its last local training"
-    has_global = False
+
+    def declare(self, choice: str) -> Traits:
+        return Traits(global_model=False)
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's own model after its last local training"}
 
     def init_server(self, sctx: ServerCtx) -> State:
         return {}

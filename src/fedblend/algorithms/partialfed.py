@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -39,7 +39,7 @@ from fedblend.algorithms.parts.ownloop import batch_loss, batch_stream, grad, st
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, Message, State
+from fedblend.core.method import ClientCtx, Message, State, Traits
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,10 @@ class PartialFed(FedAvg):
     options_cls = PartialFedOptions
     paper = ("Sun et al., PartialFed: Cross-Domain Personalized Federated Learning via Partial Initialization, "
              "NeurIPS 2021 (PartialFed-Adaptive)")
-    eval_model = "each client's model after its last local training (started from its partial initialisation)"
-    client_keeps_model = True
-    client_own_loop = True  # the strategy is learned by plain code before the TrainSpec
+
+    def declare(self, choice: str) -> Traits:
+        """The client keeps its model; the strategy is learned by plain code before the TrainSpec."""
+        return replace(super().declare(choice), keeps_model=True, own_loop=True)
 
     def init_client(self, ctx: ClientCtx) -> State:
         units = sorted({unit_of(k, self.opts.unit) for k in ctx.run.init_params})
@@ -140,7 +141,8 @@ class PartialFed(FedAvg):
         return self.learn_strategy(msg, cstate, ctx)
 
     def eval_models(self) -> dict[str, str]:
-        return {"trained": self.eval_model}
+        return {"trained": "each client's model after its last local training (started from its partial "
+                           "initialisation)"}
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         return cstate["params"]

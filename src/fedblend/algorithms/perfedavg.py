@@ -30,14 +30,14 @@ are not used: Algorithm 1 is plain stochastic gradient steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from fedblend.algorithms.parts.ownloop import LossFn, OwnLoopMethod, batch_loss, batch_stream, grad, steps_per_epochs
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, State, train_now
+from fedblend.core.method import ClientCtx, Message, State, Traits, train_now
 from fedblend.core.training import TrainSpec
 
 
@@ -76,9 +76,9 @@ class PerFedAvg(OwnLoopMethod):
     options_cls = PerFedAvgOptions
     paper = ("Fallah et al., Personalized Federated Learning with Theoretical Guarantees: A Model-Agnostic "
              "Meta-Learning Approach (Per-FedAvg), NeurIPS 2020")
-    eval_model = ("the global model after one step of gradient descent (step size alpha) on a batch of each "
-                  "client's training data, on that client's test data")
-    client_keeps_model = False
+
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice), keeps_model=False)
 
     def alpha(self, ctx: ClientCtx) -> float:
         return ctx.train.lr if self.opts.alpha is None else self.opts.alpha
@@ -104,7 +104,8 @@ class PerFedAvg(OwnLoopMethod):
         return w, cstate, total / tau
 
     def eval_models(self) -> dict[str, str]:
-        return {"adapted": self.eval_model}
+        return {"adapted": "the global model after one step of gradient descent (step size alpha) on a batch of "
+                           "each client's training data, on that client's test data"}
 
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The evaluation's one-step adaptation (Sec. 5): one gradient step at ``alpha`` from what the client would

@@ -42,9 +42,9 @@ from fedblend.algorithms.parts.nets import mlp, mlp_init
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State, Traits
 from fedblend.core.optim import clip_grad_norm, sgd_init, sgd_step
-from fedblend.core.training import TrainSpec
+from fedblend.core.template import record_training, shared_names, train_spec
 
 
 @dataclass(frozen=True)
@@ -103,36 +103,30 @@ class PFedHN(Method):
     display_name = "pFedHN"
     options_cls = PFedHNOptions
     paper = "Shamsian et al., Personalized Federated Learning using Hypernetworks (pFedHN), ICML 2021"
-    eval_model = ("the model the server's hypernetwork generates for the client now (pFedHN-PC: with the client's "
-                  "own head)")
-    evaluates_received_model = True  # the generated model (+ own head for pFedHN-PC)
-    has_global = False
-    client_keeps_model = False
 
     def eval_models(self) -> dict[str, str]:
         """``"received"``: what the hypernetwork generates now (authors' code, FL-bench); ``"trained"``: the
         client's model after its last local training (the FedAPA framework's scoring)."""
-        return {"received": self.eval_model,
+        return {"received": "the model the server's hypernetwork generates for the client now (pFedHN-PC: with "
+                            "the client's own head)",
                 "trained": "each client's model after its last local training (the initial model for a client "
                            "never selected)"}
 
-    def resolve_traits(self, **declared):
-        """pFedHN-PC keeps the client's own head; ``sequential`` runs the clients of a round one after another."""
-        trained = self.chosen_eval == "trained"
-        if trained:
-            declared = {"evaluates_received_model": False, "evaluates_own_model": True, **declared}
-        keep = self.opts.personal_head or trained or self.client_keeps_model
-        return super().resolve_traits(keeps_model=keep, sequential_server=self.opts.sequential, **declared)
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return run.model.body_names() if self.opts.personal_head else list(run.init_params)
+    def declare(self, choice: str) -> Traits:
+        """No global model; the generated model (+ own head for pFedHN-PC) is evaluated, or with ``"trained"``
+        the client's own; pFedHN-PC keeps the client's own head; ``sequential`` runs the clients of a round one
+        after another."""
+        trained = choice == "trained"
+        return Traits(global_model=False, keeps_model=self.opts.personal_head or trained,
+                      evaluates_received_model=not trained, evaluates_own_model=trained,
+                      sequential_server=self.opts.sequential, shares="body" if self.opts.personal_head else "all")
 
     def _shapes(self, run: RunInfo) -> dict[str, torch.Size]:
-        return {n: run.init_params[n].shape for n in self.shared_names(run)}
+        return {n: run.init_params[n].shape for n in shared_names(self, run)}
 
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
-        targets = {n: sctx.run.init_params[n] for n in self.shared_names(sctx.run)}
+        targets = {n: sctx.run.init_params[n] for n in shared_names(self, sctx.run)}
         net = init_hypernet(targets, sctx.run.num_clients, self.opts, sctx.tree.torch("hypernet-init"))
         net = {k: v.to(sctx.run.device) for k, v in net.items()}
         return {"hn": net, "opt": sgd_init(net)}
@@ -157,8 +151,9 @@ class PFedHN(Method):
         return {**server, "hn": net, "opt": opt}
 
     # ------------------------------------------------------------------------------------------ client
-    def train_spec(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx, **kw) -> TrainSpec:
-        if self.opts.inner_steps:
-            kw = {"steps": self.opts.inner_steps, **kw}
-        return super().train_spec(params, msg, cstate, ctx, **kw)
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """The template's one spec, of ``inner_steps`` steps where set."""
+        kw = {"steps": self.opts.inner_steps} if self.opts.inner_steps else {}
+        res = yield train_spec(self, params, msg, cstate, ctx, **kw)
+        return res, record_training(res, cstate, ctx)
 

@@ -46,7 +46,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, layer_of, stack_copies, with_rows
 from fedblend.common.rng import SeedTree
-from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import Message, Method, RunInfo, ServerCtx, State, Traits
 from fedblend.core.optim import sgd_init, sgd_step
 
 
@@ -120,19 +120,19 @@ class PFedLA(Method):
     display_name = "pFedLA"
     options_cls = PFedLAOptions
     paper = "Ma et al., Layer-wised Model Aggregation for Personalized Federated Learning (pFedLA), CVPR 2022"
-    eval_model = "the layer-wise aggregate theta-bar_i the client's hypernetwork builds now (what it would receive)"
-    evaluates_received_model = True  # the layer-wise aggregate the client's hypernetwork builds now
-    has_global = False
-    client_keeps_model = False
 
     def eval_models(self) -> dict[str, str]:
         """``"trained"``: the stored ``theta_i`` (FL-bench); ``"received"``: ``theta-bar_i`` built now."""
         return {"trained": "each client's stored model theta_i: its upload after its last local training (the "
                            "initial model for a client never selected)",
-                "received": self.eval_model}
+                "received": "the layer-wise aggregate theta-bar_i the client's hypernetwork builds now (what it "
+                            "would receive)"}
 
-    def resolve_traits(self, **declared):
-        return super().resolve_traits(sequential_server=self.opts.sequential, **declared)
+    def declare(self, choice: str) -> Traits:
+        """No global model; the client keeps none (its theta_i is the server's); the personalized model is the
+        layer-wise aggregate its hypernetwork builds now; ``sequential`` runs a round's clients one by one."""
+        return Traits(global_model=False, keeps_model=False, evaluates_received_model=True,
+                      sequential_server=self.opts.sequential)
 
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """``[eval] model = "trained"``: the client's stored ``theta_i``; ``"received"``: ``theta-bar_i`` built

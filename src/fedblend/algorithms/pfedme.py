@@ -77,8 +77,10 @@ class PFedMe(OwnLoopMethod):
     display_name = "pFedMe"
     options_cls = PFedMeOptions
     paper = "T. Dinh et al., Personalized Federated Learning with Moreau Envelopes (pFedMe), NeurIPS 2020"
-    eval_model = ("each client's personalized model theta_i (the inner solution of its last local round, "
-                  "'pFedMe (PM)'), on its test data")
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's personalized model theta_i (the inner solution of its last local round, "
+                           "'pFedMe (PM)'), on its test data"}
 
     def local_update(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx
                      ) -> tuple[Params, State, float]:

@@ -180,11 +180,8 @@ def build_method(spec: str, options: Mapping[str, Any] | None = None,
 def transform_refusal(method: Method, transform: ClientTransform) -> str | None:
     """Why ``method`` cannot host ``transform`` (None: it can). A transform that blends the model a client receives
     with the client's own (``requires_received``: ALA, FedALA Eq. 4) needs a method whose clients train from a
-    model the server sends, the global model or a personalized one (``traits.trains_from_received``); one that
-    needs a global model as such (``requires_global``), a method that has one."""
-    if transform.requires_global and not method.traits.has_global:
-        return f"{method.name} has no global model for {transform.name} to blend from"
-    if transform.requires_received and not method.traits.trains_from_received:
+    model the server sends, the global model or a personalized one (``traits.trains_from_received``)."""
+    if transform.traits.requires_received and not method.traits.trains_from_received:
         return (f"{transform.name} blends the model the server sends a client with the client's own model, and "
                 f"{method.name} has no global model and declares no personalized model its clients train from "
                 f"(trait trains_from_received)")

@@ -200,7 +200,10 @@ def _refused_spec(exc: BaseException, hook: str, within: Sequence[tuple[Any, str
     made = getattr(exc, "guard_hook", None)
     if not isinstance(made, str):
         return None
-    if hook != "train_spec":
+    by_template = hook == "train_spec" or any(  # the template's helper made it (core.template.train_spec)
+        f.f_code.co_name == "train_spec" and f.f_globals.get("__name__") == "fedblend.core.template"
+        for f in _frames(exc.__traceback__))
+    if not by_template:
         return hook, f"{hook} made a TrainSpec whose {exc.field} is {exc.got}, not {exc.want}"
     if made == "client_init" and any(kind == "transform" for _, kind in within):
         return made, f"client_init or a transform's apply returned {exc.got}, not {exc.want}"
@@ -215,15 +218,16 @@ def _returned_none(exc: BaseException, within: Sequence[tuple[Any, str]]) -> tup
     if "NoneType" not in str(exc):
         return None
     for frame in reversed(_frames(exc.__traceback__)):
-        me = frame.f_locals.get("self")
-        owner = next(((obj, kind) for obj, kind in within if me is obj), None)
-        hook = None if owner is None else _none_from(frame)
-        if hook is not None:
-            return owner[0], owner[1], hook
+        for receiver in ("self", "method"):  # a hook of the method's, or the client template (core.template)
+            me = frame.f_locals.get(receiver)
+            owner = next(((obj, kind) for obj, kind in within if me is obj), None)
+            hook = None if owner is None else _none_from(frame, receiver)
+            if hook is not None:
+                return owner[0], owner[1], hook
     return None
 
 
-def _none_from(frame: Any) -> str | None:
+def _none_from(frame: Any, receiver: str = "self") -> str | None:
     """The hook ``frame``'s failing statement got a None from (see :func:`_returned_none`), or None."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(frame.f_code)))
@@ -238,18 +242,19 @@ def _none_from(frame: Any) -> str | None:
     failing = max(stmts, key=lambda n: n.lineno)
     nones = {n.id for n in ast.walk(failing) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
              and n.id in frame.f_locals and frame.f_locals[n.id] is None}
-    made = [(node.lineno, _self_call(node.value)) for node in ast.walk(tree)
+    made = [(node.lineno, _self_call(node.value, receiver)) for node in ast.walk(tree)
             if isinstance(node, ast.Assign) and node.lineno < failing.lineno
             and {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)} & nones]
     made = [m for m in made if m[1] is not None]
     return max(made)[1] if made else None
 
 
-def _self_call(value: ast.expr) -> str | None:
-    """``hook`` for ``self.hook(...)`` or ``yield from self.hook(...)``, else None."""
+def _self_call(value: ast.expr, receiver: str = "self") -> str | None:
+    """``hook`` for ``self.hook(...)`` or ``yield from self.hook(...)`` (``receiver`` in place of ``self``), else
+    None."""
     call = value.value if isinstance(value, (ast.YieldFrom, ast.Await)) else value
     if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
-            and call.func.value.id == "self":
+            and call.func.value.id == receiver:
         return call.func.attr
     return None
 

@@ -1,58 +1,44 @@
 """The method interface: a server half and a client half that talk only in :class:`~fedblend.core.message.Message`s.
 
-A method (``fedblend.algorithms``) implements both halves over explicit state; a runtime -- the in-process
-simulator (:mod:`fedblend.core.engine`) with any backend, or worker processes -- carries the messages:
+A method (``fedblend.algorithms``) is a :class:`Method`: a :class:`ServerHalf` and a :class:`ClientHalf` over
+explicit state, built from one options value (``method.opts``) and declared by one function of it
+(:meth:`Method.declare` -> :class:`~fedblend.core.traits.Traits`). A runtime -- the in-process simulator
+(:mod:`fedblend.core.engine`) with any backend, worker processes, or Flower -- carries the messages.
 
 Server half (sees its state, the messages it received and a :class:`ServerCtx`: round, its random streams,
-the public run facts)::
+the public run facts), in Flower's vocabulary::
 
-    server = method.init_server(sctx)
+    server = method.init_server(sctx)                        # Strategy.initialize_parameters
     msg    = method.configure(phase, server, cid, sctx)      # per selected client, for each phase of the round
     server = method.aggregate(phase, server, replies, sctx)  # replies: {cid: Message}
     msg    = method.configure_evaluate(server, cid, sctx)    # what a personalized evaluation needs
 
+``configure`` / ``aggregate`` route the phase ``"train"`` to ``configure_train`` / ``aggregate_train``; a round is
+``method.phases(sctx)``, ``("train",)`` by default, and a method that needs more exchanges (DBE's initialisation
+pass, pFedRLLA's upload) adds phases and routes them there.
+
 Client half (sees its own state, its own data and the message, through a :class:`ClientCtx`)::
 
     cstate        = method.init_client(cctx)                 # on the client, at first contact
-    reply, cstate = method.client_step(phase, msg, cstate, cctx)   # a generator: yields TrainSpecs (below)
+    reply, cstate = method.client_step(phase, msg, cstate, cctx)   # a generator: yields TrainSpecs
     spec          = method.evaluate(msg, cstate, cctx)       # the personalized model to evaluate: EvalSpec
 
-A round is ``method.phases(sctx)``, ``("train",)`` by default: one exchange. Methods that need more (a
-validation score of the received model before training, several models sent out) add phases; the engine runs
-them in order, each as configure -> clients -> aggregate.
-
-Client training is a spec a backend runs: :meth:`Method.client_train` is a generator that ``yield``s
-:class:`~fedblend.core.training.TrainSpec`s and receives each one's :class:`TrainResult`; plain code between
-the yields (ALA's blend-weight learning, Per-FedAvg's inner loop) runs on the client as it is. It is one template,
-written once and closed: no method re-types it (``tests/test_contract.py`` checks), methods vary it through
-hooks::
-
-    cstate = before_training(msg, cstate)    # hook: client-side work before anything else (PartialFed's strategy)
-    params = client_init(msg, cstate)        # hook: own parameters overwritten by what was received
-    params = transform(params, cstate) ...   # composable client-side parts, e.g. ALA ("fedavg+ala")
-    score "bp" on scored_params(params)      # under eval.before_after; hook: the model as evaluated (DBE's
-                                             # bias, an EvalSpec)
-    result = yield from local_training(...)  # hook: one spec with the method's loss terms (FedProx: proximal);
-                                             # FedRep / Ditto / FedPAC yield more specs, own-loop methods none
-    score "ap" on scored_params(result.params)
-    keep the model, transforms' after_train
-    reply  = reply(result, msg, cstate)      # hook: the shared part + num_samples (+ a method's records)
-
-so a method overrides only what differs from FedAvg, and a :class:`ClientTransform` composes with every method,
-without either knowing the other.
+A training exchange is one template, :func:`fedblend.core.template.client_train`, written once and closed (no
+method re-types it); methods vary it through the client half's hooks ``before_training``, ``client_init``,
+``scored_params``, ``local_training`` (default: one :func:`~fedblend.core.template.train_spec` with the method's
+``loss_terms``, then :func:`~fedblend.core.template.record_training`) and ``reply``, so a method overrides only
+what differs from FedAvg, and a :class:`ClientTransform` (ALA) composes with every method without either knowing
+the other. Plain code between a generator's yields (ALA's weight learning, Per-FedAvg's inner loop) runs on the
+client as it is.
 
 Evaluation is a protocol, not an option per method: the run's ``[eval] model`` names which model of each client
 the personalized accuracy evaluates, one of the choices the method offers (:meth:`Method.eval_models`, composed
-with its transforms' in :meth:`Method.eval_choices`; the first is the default, its paper's): ``"received"``
-(what the client would start training from now, ``client_init`` of the evaluation message), ``"trained"`` (its
-model after its last local training) or a method's own (FedPHP's ``"hpm"``, FedProto's ``"proto"``, ALA's
-``"ala"``). The client half answers with an :class:`~fedblend.core.evaluation.EvalSpec`, parameters and, where
-the method classifies otherwise than the model's forward pass, its own :class:`~fedblend.core.training.Forward`::
-
-    spec = evaluate(msg, cstate)             # EvalSpec(eval_params(...)); FedProto, DBE: their own forward
-    params = eval_params(msg, cstate)        # personalized_params (the choice), then each transform's
-                                             # eval_params; one that blends the received model (ALA) is handed
-                                             # client_init's model, as in training
+with its transforms'; the first is the default, its paper's): ``"received"`` (what the client would start
+training from now, ``client_init`` of the evaluation message), ``"trained"`` (its model after its last local
+training) or a method's own (FedPHP's ``"hpm"``, FedProto's ``"proto"``, ALA's ``"ala"``). The client half
+answers with an :class:`~fedblend.core.evaluation.EvalSpec`: ``evaluate`` -> ``EvalSpec(eval_params(...))``,
+``eval_params`` -> the method's ``personalized_params`` with each transform's on top; FedProto and DBE give
+their own forward.
 
 States (``server``, ``cstate``) are plain data -- tensors, numbers, strings, dicts and lists of them -- that the
 runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a method object holds only its options.
@@ -61,436 +47,93 @@ runtime stores, checkpoints and moves with :mod:`fedblend.common.codec`; a metho
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields
 from typing import Any, ClassVar
 
-import torch
-
 from fedblend.common.params import Params, clone, select, weighted_average
-from fedblend.common.rng import SeedTree
-from fedblend.core.evaluation import EvalSpec, as_eval_spec, evaluate_params
+from fedblend.core.context import (  # noqa: F401  (importable from here)
+    ClientCtx,
+    ClientWork,
+    RunInfo,
+    ServerCtx,
+    State,
+    client_tree,
+    server_tree,
+)
+from fedblend.core.evaluation import EvalSpec
 from fedblend.core.message import Message, comm_bytes
-from fedblend.core.training import LossTerm, TrainConfig, TrainResult, TrainSpec, merge_momentum, run_spec
-from fedblend.data.federated import ClientData
+from fedblend.core.template import (  # noqa: F401  (helpers a method's hooks call, importable from here)
+    BEFORE_AFTER,
+    client_train,
+    eval_params,
+    record_training,
+    report_loss,
+    same_tensors,
+    score_before_after,
+    shared_names,
+    train_now,
+    train_spec,
+)
+from fedblend.core.training import LossTerm, TrainResult, TrainSpec
+from fedblend.core.traits import (
+    LEGACY_DECLARATIONS,
+    TRAINED,
+    Traits,
+    eval_choices,
+    resolve_traits,
+)
+from fedblend.core.transform import ClientTransform, NoOptions  # noqa: F401  (importable from here)
 from fedblend.models.zoo import FedModel
 
-State = dict[str, Any]
-ClientWork = Generator[TrainSpec, TrainResult, tuple[Message, State]]
-
-__all__ = ["ClientCtx", "ClientTransform", "ClientWork", "EvalSpec", "Message", "Method", "RunInfo", "ServerCtx",
-           "State", "Traits", "comm_bytes"]
+__all__ = ["ClientCtx", "ClientHalf", "ClientTransform", "ClientWork", "EvalSpec", "Message", "Method", "RunInfo",
+           "ServerCtx", "ServerHalf", "State", "Traits", "comm_bytes"]
 
 
-@dataclass(frozen=True)
-class Traits:
-    """What the engine, the runtimes, the registry and the reports know about a built method: one frozen value,
-    resolved once (:meth:`Method.resolve_traits`) from the class's declarations, its options and its transforms.
-    Nothing reads a method's behaviour flags anywhere else."""
+# ============================================================================================= the two halves
+class ServerHalf:
+    """The server half of a method, in Flower's vocabulary: state from ``init_server``, per round one message per
+    selected client (``configure_train``) and the new state from their replies (``aggregate_train``), and the
+    evaluation message (``configure_evaluate``). FedAvg by default (McMahan et al. 2017, Alg. 1)."""
 
-    #: what the reported personalized accuracy evaluates, written into every result (transforms included)
-    eval_model: str
-    #: "all": every parameter travels; "body": the head stays on the client
-    shares: str
-    #: the method has a global model whose accuracy is reported beside the personalized one
-    has_global: bool
-    #: each client's training starts from a model the server sends it -- the global model, or a personalized one
-    #: (FedAMP's cloud model u_i) -- so a transform can blend that received model with the client's own last model
-    #: (ALA, FedALA Alg. 1); the class declaration defaults to ``has_global``
-    trains_from_received: bool
-    #: the client state holds the client's model (the method needs it, or one of its transforms does)
-    keeps_model: bool
-    #: some client work is plain code outside TrainSpecs (the method's or a transform's own loop); a batching
-    #: backend runs such clients one by one
-    own_loop: bool
-    #: client transforms (ALA, ...) can change the model the client trains from
-    accepts_transforms: bool
-    #: the personalized model evaluated is what the client would start training from now; False: its model after
-    #: its last local training (``cstate["params"]``)
-    evaluates_received_model: bool
-    #: the client evaluates a model it holds, so the evaluation message is empty
-    evaluates_own_model: bool
-    #: the method has a pre-training run (``fedblend pretrain``)
-    pretrainable: bool
-    #: the engine runs configure -> client -> aggregate one selected client at a time, so later clients of a
-    #: round see earlier uploads (e.g. FedAPA's authors' code); False: every message of a round is made from the
-    #: round's starting server state and ``aggregate`` sees every reply at once
-    sequential_server: bool
-    #: prefixes of the client stats the engine records per client (``stats_per_client`` of the round's metrics)
-    #: besides their mean over the selected clients: those of the transforms
-    per_client_stats: tuple[str, ...]
-    #: the reply records whose entries are model parameters (each name one of the model's, its shape and a
-    #: floating dtype: :mod:`fedblend.core.replies`); other records hold what the method likes
-    param_records: tuple[str, ...] = ("params",)
-    #: names those records may carry besides the model's parameters
-    extra_entries: tuple[str, ...] = ()
-    #: the ``[eval] model`` in force: which of :meth:`Method.eval_choices` the personalized accuracy evaluates
-    eval_choice: str = ""
+    #: the hooks of this half a method author may override (``tests/test_contract.py`` counts them)
+    HOOKS: ClassVar[tuple[str, ...]] = ("init_server", "phases", "configure", "aggregate", "configure_train",
+                                        "aggregate_train", "configure_evaluate")
 
-
-@dataclass(frozen=True)
-class RunInfo:
-    """The public facts of a run, known to the server and to every client (a Flower app's run config): the
-    model architecture and its initial parameters (both built from the config and the seed), the training
-    settings, the number of clients and rounds. No client's data or data size is in here."""
-
-    model: FedModel
-    init_params: Params
-    train: TrainConfig
-    num_clients: int
-    rounds: int
-    seed: int
-    device: str = "cpu"
-
-    @property
-    def client_ids(self) -> range:
-        """The clients' ids, ``range(num_clients)``."""
-        return range(self.num_clients)
-
-
-@dataclass(frozen=True)
-class ServerCtx:
-    """What the server half sees besides its state and the messages: the round, its random streams, the run."""
-
-    run: RunInfo
-    rnd: int  # 0-based round
-    tree: SeedTree  # the server's streams in this round
-    #: numbers (or lists of numbers) the server half reports for the round's metrics, e.g. its own timings
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def model(self) -> FedModel:
-        """The run's model (``run.model``): its architecture, parameter names and head."""
-        return self.run.model
-
-
-@dataclass
-class ClientCtx:
-    """What a client half sees besides its state and the message: its id, the round, its own data, its random
-    streams, the public run facts, and a dict of numbers for the round's metrics."""
-
-    cid: int
-    rnd: int
-    data: ClientData
-    run: RunInfo
-    tree: SeedTree  # root of this client's streams in this round: tree.torch("batches") etc.
-    stats: dict = field(default_factory=dict)
-    #: a memo the client's runtime keeps between calls, *not* state: never checkpointed, possibly empty (another
-    #: process, a resumed run). A client half may store results there that it would otherwise compute again,
-    #: only where the result does not depend on whether the memo is used (e.g. ALA's blend, keyed by its inputs).
-    cache: dict = field(default_factory=dict)
-    #: what one hook hands a later hook of the same exchange (FedFomo's weights from ``client_init`` to ``reply``):
-    #: never state, never metrics, gone after the exchange
-    scratch: dict = field(default_factory=dict)
-
-    def tree_for(self, phase: str, rnd: int) -> SeedTree:
-        """This client's streams for ``phase`` in round ``rnd`` (what the runtime hands that exchange)."""
-        return client_tree(SeedTree(self.run.seed), phase, rnd, self.cid)
-
-    @property
-    def model(self) -> FedModel:
-        """The run's model (``run.model``): its architecture, parameter names and head."""
-        return self.run.model
-
-    @property
-    def train(self) -> TrainConfig:
-        """The run's client optimiser settings (``run.train``: lr, epochs, batch size, ...)."""
-        return self.run.train
-
-
-def server_tree(root: SeedTree, rnd: int) -> SeedTree:
-    """The seed-tree node of the server's streams in round ``rnd`` (``ServerCtx.tree``)."""
-    return root.child("server", "round", rnd)
-
-
-def client_tree(root: SeedTree, phase: str, rnd: int, cid: int) -> SeedTree:
-    """The seed-tree node of client ``cid``'s streams for ``phase`` (``"evaluate"`` -> ``"eval"``) in round ``rnd``."""
-    return root.child("eval" if phase == "evaluate" else phase, "round", rnd, "client", cid)
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    pass
-
-
-class ClientTransform:
-    """A composable client-side part applied after ``client_init`` and before local training (e.g. ALA).
-
-    ``apply`` returns the parameters to train from and the updated client state; a transform keeps its own
-    state under ``cstate[self.key]``. ``after_train`` sees the trained parameters. ``eval_params`` may replace
-    the personalized model evaluated, from the evaluation message and the client's state only; a transform
-    that blends the received model (``requires_received``) is handed what ``client_init`` makes of the
-    evaluation message, as ``apply`` is in training. ``eval_models`` may offer ``[eval] model`` choices of its
-    own (ALA: "ala", "stored", "trained"), which then replace the host's.
-    """
-
-    name: ClassVar[str] = "transform"
-    options_cls: ClassVar[type] = NoOptions
-    #: the transform reads the client's own model from its last training (``cstate["params"]``)
-    needs_local_model: ClassVar[bool] = False
-    #: the transform blends with a global model, so the method must have one
-    requires_global: ClassVar[bool] = False
-    #: the transform blends the model the server sends a client (global or personalized: what ``client_init`` makes
-    #: of the message) with the client's own last model, so the method must train from a received model
-    #: (``traits.trains_from_received``); at evaluation it reads that model from the evaluation message
-    requires_received: ClassVar[bool] = False
-    #: the transform runs its own optimisation loop as plain code on the client (ALA's weight learning), so a
-    #: backend that batches TrainSpecs across clients cannot batch that part
-    own_loop: ClassVar[bool] = False
-    #: prefixes of the client stats (``ctx.stats`` keys) the round's metrics also keep per client, in
-    #: ``stats_per_client`` (ALA's per-round diagnostics): per-round records belong in the round's metrics, never
-    #: in the client state, which is checkpointed and shipped every round and must not grow with the rounds
-    per_client_stats: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, options: Any = None):
-        self.opts = options if options is not None else self.options_cls()
-
-    @property
-    def key(self) -> str:
-        """Where the transform keeps its state in the client state: ``cstate[self.key]`` (its name)."""
-        return self.name
-
-    def check_model(self, method: Method, model: FedModel) -> None:
-        """Refuse options that do not fit ``model`` (a :class:`~fedblend.common.errors.ConfigError` naming the
-        field), before the run starts; called by :meth:`Method.check_model`."""
-
-    def apply(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
-        """Called by the template after ``client_init``: the parameters to train from, and the client state."""
-        raise NotImplementedError
-
-    def after_train(self, method: Method, params: Params, cstate: State, ctx: ClientCtx) -> State:
-        """Called after local training with the trained parameters; returns the client state (default: unchanged)."""
-        return cstate
-
-    def eval_params(self, method: Method, msg: Message, cstate: State, ctx: ClientCtx, params: Params) -> Params:
-        """The parameters evaluated with this transform on, from the host's ``params`` (default: unchanged)."""
-        return params
-
-    def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
-        """The ``[eval] model`` choices (name -> what is then evaluated, the first the default) with this
-        transform on; ``current``: the host's (default: unchanged)."""
-        return current
-
-    def eval_description(self, method: Method, current: str) -> str:
-        """What the personalized accuracy evaluates with this transform on (``current``: without it)."""
-        return current
-
-
-
-def report_loss(ctx: ClientCtx, key: str, res: TrainResult) -> None:
-    """Report a training phase's mean loss as the client stat ``key``, unless the phase trained no batch (fewer
-    samples than one batch under ``train.drop_last``; PFLlib's loader skips such a client): its loss is undefined,
-    and a NaN would read as a divergence."""
-    if res.steps:
-        ctx.stats[key] = res.mean_loss
-
-class Method:
-    """FedAvg behaviour by default; subclasses override the steps that differ (see module docstring).
-
-    The ClassVars below are a method class's *declarations*; what the rest of fedblend reads is ``self.traits``
-    (:class:`Traits`), resolved from them, the options and the transforms when the method is built. A method
-    whose options change a declaration says so in :meth:`resolve_traits`, nowhere else."""
-
-    #: the name configs use (``method = "fedavg"``); a plug-in's entry point registers it under this name
-    name: ClassVar[str] = "method"
-    #: the dataclass of the method's ``[options]`` table (fields written with :func:`fedblend.common.options.opt`)
-    options_cls: ClassVar[type] = NoOptions
-    paper: ClassVar[str] = ""
-    #: what the reported personalized accuracy evaluates, written into every result
-    eval_model: ClassVar[str] = "each client's model after its last local training"
-    #: "all": every parameter travels; "body": the head stays on the client
-    shares: ClassVar[str] = "all"
-    #: whether the method has a global model whose accuracy is reported beside the personalized one
-    has_global: ClassVar[bool] = True
-    #: whether each client trains from a model the server sends it (global or personalized), which a transform may
-    #: blend with the client's own model (``ClientTransform.requires_received``); None: the same as ``has_global``.
-    #: A method without a global model declares True only where its personalized received model takes the global
-    #: model's place in the transform's paper (FedAMP's u_i in FedALA's Table 4)
-    trains_from_received: ClassVar[bool | None] = None
-    #: whether the client half keeps its model between rounds (a private head, a local model); methods whose
-    #: clients always start from what they receive (FedAvg, FedALP) set False and store nothing
-    client_keeps_model: ClassVar[bool] = True
-    #: the client half runs an optimisation loop of its own as plain code besides its TrainSpecs (Per-FedAvg,
-    #: pFedMe inner solvers); a batching backend runs such clients one by one
-    client_own_loop: ClassVar[bool] = False
-    #: whether client transforms (ALA, ...) can change the model the client trains from; a method whose local
-    #: training ignores the template's ``params`` sets False and the registry refuses ``method+transform``
-    accepts_transforms: ClassVar[bool] = True
-    #: the personalized model evaluated is what the client would start training from now (``client_init`` of the
-    #: evaluation message: FedAvg's global model, FedPer's received body with the own head); False: its model
-    #: after its last local training (``cstate["params"]``)
-    evaluates_received_model: ClassVar[bool] = False
-    #: the client evaluates a model it holds, so the evaluation message is empty
-    evaluates_own_model: ClassVar[bool] = False
-    #: the method has a pre-training run (``fedblend pretrain``): :meth:`pretrain_options` turns a run's options
-    #: into the pre-training run's, :meth:`save_pretrained` writes what it learned from the final server state
-    pretrainable: ClassVar[bool] = False
-    #: the records of a training reply whose entries are the model's parameters: the engine refuses a name the
-    #: model does not have, a shape that is not the parameter's and a non-floating dtype in them before
-    #: aggregation (:mod:`fedblend.core.replies`); records that carry other things (prototypes, feature means)
-    #: are not listed
-    param_records: ClassVar[tuple[str, ...]] = ("params",)
-    #: entries those records carry besides the model's parameters (e.g. a learned scalar uploaded with the model)
-    extra_entries: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(cls, **kwargs: Any):
-        """A subclass that defines a resolved-only trait (``sequential_server``, ``keeps_model``, ``own_loop``,
-        ``per_client_stats``) as an attribute or property would be silently ignored, since the rest of fedblend
-        reads ``self.traits``: refuse it where the class is written, naming the way that works."""
-        super().__init_subclass__(**kwargs)
-        stale = sorted(f.name for f in fields(Traits) if f.name not in vars(Method) and f.name in vars(cls))
-        if stale:
-            raise TypeError(f"{cls.__name__} defines {', '.join(stale)} as a class attribute, which nothing reads: "
-                            f"declare it in resolve_traits, e.g. def resolve_traits(self, **declared): return "
-                            f"super().resolve_traits(**{{'{stale[0]}': ..., **declared}})")
-
-    def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None,
-                 eval_choice: str | None = None):
-        self.opts = options if options is not None else self.options_cls()
-        self.transforms = list(transforms or [])
-        self._eval_request = eval_choice
-        self.traits: Traits = self.resolve_traits()
-
-    # -------------------------------------------------------------------------------- [eval] model choices
-    def eval_models(self) -> dict[str, str]:
-        """The ``[eval] model`` choices the method offers: name -> what the personalized accuracy then evaluates;
-        the first is the default (the method's paper). Default: one, ``"received"`` where the client evaluates
-        what it would start training from (``evaluates_received_model``), else ``"trained"``. A method that
-        offers several reads :attr:`chosen_eval`."""
-        return {"received" if self.evaluates_received_model else "trained": self.eval_model}
-
-    def eval_choices(self) -> dict[str, str]:
-        """:meth:`eval_models` composed with the transforms' (ALA offers its own, which replace the host's)."""
-        choices = dict(self.eval_models())
-        for t in self.transforms:
-            choices = dict(t.eval_models(self, choices))
-        return choices
-
-    @property
-    def chosen_eval(self) -> str:
-        """The ``[eval] model`` in force, the one asked for, else the default (what :meth:`resolve_traits` reads;
-        everything else reads ``traits.eval_choice``)."""
-        return self._eval_request or next(iter(self.eval_choices()))
-
-    def evaluating(self, choice: str | None) -> Method:
-        """This method with ``[eval] model = choice`` (None: as it is); a ``ValueError`` for a choice it does
-        not offer."""
-        if choice is None or choice == self.chosen_eval:
-            return self
-        other = copy.copy(self)
-        other._eval_request = choice
-        other.traits = other.resolve_traits()
-        return other
-
-    def resolve_traits(self, **declared: Any) -> Traits:
-        """The method's :class:`Traits`: the class declarations, overridden by ``declared`` (what a subclass's
-        options change, e.g. ``super().resolve_traits(sequential_server=self.opts.sequential)``), then composed
-        with the transforms (a transform's model need, own loop, per-client stats and evaluation description). A
-        subclass that changes a resolved trait (e.g. wraps the evaluation description) ``replace``s the result."""
-        choices = self.eval_choices()
-        if self.chosen_eval not in choices:
-            raise ValueError(f"{self.label}: eval.model = {self.chosen_eval!r} is not one of its choices: "
-                             f"{', '.join(repr(c) for c in choices)}")
-        base = dict(eval_model=choices[self.chosen_eval], shares=self.shares, has_global=self.has_global,
-                    trains_from_received=self.trains_from_received,
-                    keeps_model=self.client_keeps_model, own_loop=self.client_own_loop,
-                    accepts_transforms=self.accepts_transforms,
-                    evaluates_received_model=self.evaluates_received_model,
-                    evaluates_own_model=self.evaluates_own_model, pretrainable=self.pretrainable,
-                    sequential_server=False, per_client_stats=(),
-                    param_records=tuple(self.param_records), extra_entries=tuple(self.extra_entries),
-                    eval_choice=self.chosen_eval)
-        unknown = set(declared) - set(base)
-        if unknown:
-            raise TypeError(f"{self.name}: no trait named {sorted(unknown)}")
-        merged = {**base, **declared}
-        if merged["trains_from_received"] is None:
-            merged["trains_from_received"] = merged["has_global"]
-        t = Traits(**merged)
-        desc = t.eval_model
-        for tr in self.transforms:
-            desc = tr.eval_description(self, desc)
-        # a transform that blends the received model evaluates that blend from the evaluation message, which must
-        # then carry the model (a method that evaluates its own model otherwise sends nothing)
-        blends = any(tr.requires_received for tr in self.transforms)
-        return replace(t, eval_model=desc, evaluates_own_model=t.evaluates_own_model and not blends,
-                       keeps_model=t.keeps_model or any(tr.needs_local_model for tr in self.transforms),
-                       own_loop=t.own_loop or any(tr.own_loop for tr in self.transforms),
-                       per_client_stats=t.per_client_stats + tuple(p for tr in self.transforms
-                                                                   for p in tr.per_client_stats))
-
-    # ----------------------------------------------------------------------------------------- helpers
-    @property
-    def label(self) -> str:
-        """The method with its transforms, as a config names it: ``"fedprox+ala"``."""
-        return "+".join([self.name] + [t.name for t in self.transforms])
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        """The names of the parameters that travel: all of them, or the body only (``traits.shares == "body"``)."""
-        return list(run.init_params) if self.traits.shares == "all" else run.model.body_names()
-
-    @classmethod
-    def pretrain_options(cls, options: Mapping[str, Any]) -> dict:
-        """The options of the pre-training run made from a run's ``options`` (``pretrainable`` methods only)."""
-        raise NotImplementedError(f"{cls.name} has no pre-training run")
-
-    @classmethod
-    def save_pretrained(cls, server: State, path: Any) -> Any:
-        """Write what the pre-training run learned, from its final server ``state``, to ``path``."""
-        raise NotImplementedError(f"{cls.name} has no pre-training run")
+    def init_server(self, sctx: ServerCtx) -> State:
+        """The server state before round 1 (default: the initial model as ``"global"``)."""
+        return {"global": clone(sctx.run.init_params)}
 
     def phases(self, sctx: ServerCtx) -> Sequence[str]:
         """The exchanges of round ``sctx.rnd``, in order (default: one, ``"train"``)."""
         return ("train",)
 
-    def check_model(self, model: FedModel) -> None:
-        """Refuse options that do not fit ``model`` with a :class:`~fedblend.common.errors.ConfigError`; the
-        engine calls it before the server half starts, so a bad value fails up front, not in round 1 on a
-        client. The default asks the transforms."""
-        for t in self.transforms:
-            t.check_model(self, model)
-
-    # ========================================================================================= server half
-    def init_server(self, sctx: ServerCtx) -> State:
-        """Server half: the server state before round 1, plain data: ``{"global": the initial parameters}``; a method
-        that keeps more (server momentum, per-client models) adds its entries."""
-        return {"global": clone(sctx.run.init_params)}
-
     def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Server half: the message to client ``cid`` for ``phase`` of the round (``"train"``:
-        :meth:`configure_train`; a method with more :meth:`phases` routes them here)."""
+        """The message of ``phase`` for client ``cid`` (``"train"``: :meth:`configure_train`)."""
         if phase == "train":
             return self.configure_train(server, cid, sctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
-        """Server half: the new server state from ``phase``'s replies, ``{cid: Message}`` (``"train"``:
-        :meth:`aggregate_train`)."""
+        """The server state after ``phase``'s replies (``"train"``: :meth:`aggregate_train`)."""
         if phase == "train":
             return self.aggregate_train(server, replies, sctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
-        """Server half: the training message to client ``cid``, the shared part (:meth:`shared_names`) of the global
-        model as record ``"params"``."""
-        return Message({"params": select(server["global"], self.shared_names(sctx.run))})
+        """The training message (default: the shared part of the global model, ``Traits.shares``)."""
+        return Message({"params": select(server["global"], shared_names(self, sctx.run))})
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
-        """Server half: the new server state from the round's training replies ``{cid: Message}``. FedAvg
-        (McMahan et al. 2017, Alg. 1): the mean of the replies' ``params()`` weighted by their
-        ``metrics["num_samples"]`` (:func:`~fedblend.common.params.weighted_average`), over ``server["global"]``."""
+        """FedAvg (McMahan et al. 2017, Alg. 1): data-size-weighted mean of the uploaded parameters."""
         cids = sorted(replies)
         avg = weighted_average([replies[c].params() for c in cids], [replies[c].metrics["num_samples"] for c in cids])
         return {**server, "global": {**server["global"], **avg}}
 
-    def global_params(self, server: State) -> Params | None:
-        """The global model in ``server`` (its accuracy is reported beside the personalized one); None for a method
-        without one."""
-        return server.get("global") if self.traits.has_global else None
-
     def configure_evaluate(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The evaluation message: what client ``cid`` would receive to train now (``"params"``), and the global
-        model (``"global"``) where the method has one."""
+        model (``"global"``) where the method reports one; empty where the client evaluates its own model."""
         if self.traits.evaluates_own_model:
             return Message()
         msg = self.configure_train(server, cid, sctx)
@@ -499,113 +142,74 @@ class Method:
             msg.arrays["global"] = glob
         return msg
 
-    # ========================================================================================= client half
+    def global_params(self, server: State) -> Params | None:
+        """Machinery: the model whose accuracy is reported as the global one (``Traits.reports_global``)."""
+        return server.get("global") if self.traits.reports_global else None
+
+
+class ClientHalf:
+    """The client half of a method: its state (``init_client``), its step of an exchange (``client_step``: the
+    closed training template, :func:`~fedblend.core.template.client_train`, varied by the hooks below) and its
+    personalized model as an :class:`EvalSpec` (``evaluate``). FedAvg by default."""
+
+    #: the hooks of this half a method author may override (``tests/test_contract.py`` counts them)
+    HOOKS: ClassVar[tuple[str, ...]] = ("init_client", "client_step", "before_training", "client_init", "loss_terms",
+                                        "local_training", "scored_params", "reply", "personalized_params",
+                                        "eval_params", "evaluate")
+
     def init_client(self, ctx: ClientCtx) -> State:
-        """Client half: the client's state at first contact, plain data: a copy of the initial model where the client
-        keeps one (``traits.keeps_model``), else empty."""
+        """The client state at first contact (default: the initial model where the client keeps one)."""
         return {"params": clone(ctx.run.init_params)} if self.traits.keeps_model else {}
 
     def client_step(self, phase: str, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """Client half of one exchange: a generator that yields TrainSpecs and returns ``(reply, new state)``
-        (``"train"``: the template, :meth:`client_train`)."""
+        """The client's work in ``phase``, a generator of TrainSpecs returning ``(reply, state)`` (``"train"``:
+        the template, :func:`~fedblend.core.template.client_train`)."""
         if phase == "train":
-            return self.client_train(msg, cstate, ctx)
+            return client_train(self, msg, cstate, ctx)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
-    def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Hook: the received parameters over the client's own (a head that is not sent stays)."""
-        return {**cstate.get("params", {}), **msg.params()}
+    def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
+        """Client-side work before the client initialises its model (default: none)."""
+        return cstate
 
-    def apply_transforms(self, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
-        """Apply each client transform in turn (the template calls it after ``client_init``)."""
-        for t in self.transforms:
-            params, cstate = t.apply(self, params, cstate, ctx)
-        return params, cstate
+    def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
+        """The model the client trains from: the received parameters over its own (a head that is not sent
+        stays)."""
+        return {**cstate.get("params", {}), **msg.params()}
 
     def loss_terms(self, msg: Message, params: Params, cstate: State, ctx: ClientCtx) -> tuple[LossTerm, ...]:
         """Extra terms of the training loss (none = plain cross-entropy)."""
         return ()
 
-    def train_spec(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx, **kw) -> TrainSpec:
-        """Local SGD from ``params`` with the configured epochs and lr, the kept momentum buffers when
-        ``train.optimizer_state = "keep"``, and the method's loss terms; ``kw`` overrides spec fields."""
-        keep = ctx.train.optimizer_state == "keep"
-        spec = dict(params=params, momentum=cstate.get("momentum") if keep else None,
-                    loss_terms=self.loss_terms(msg, params, cstate, ctx))
-        return TrainSpec(**{**spec, **kw})
-
-    def record_training(self, res: TrainResult, cstate: State, ctx: ClientCtx) -> State:
-        """After a spec ran: keep the momentum buffers (merged, so untrained tensors keep theirs) and the loss. A
-        client that trained no batch (fewer samples than one batch under ``train.drop_last``, as PFLlib's loader
-        skips it) reports no ``train_loss``: its loss is undefined, not a divergence."""
-        if ctx.train.optimizer_state == "keep" and res.momentum is not None:
-            cstate = {**cstate, "momentum": merge_momentum(cstate.get("momentum"), res.momentum)}
-        report_loss(ctx, "train_loss", res)
-        return cstate
-
-    # ---------------------------------------------------------------------------------- template hooks
-    def before_training(self, msg: Message, cstate: State, ctx: ClientCtx) -> State:
-        """Hook: client-side work before the client initialises its model (default: none)."""
-        return cstate
+    def local_training(self, params: Params, msg: Message, cstate: State,
+                       ctx: ClientCtx) -> Generator[TrainSpec, TrainResult, tuple[TrainResult, State]]:
+        """The template's training step: one spec (:func:`~fedblend.core.template.train_spec`), then
+        :func:`~fedblend.core.template.record_training`. A method that trains in several specs (FedRep's head then
+        body phases, Ditto's personalized model) or in a loop of its own overrides this and returns the result
+        whose ``params`` are the client's trained model, and the updated state."""
+        res = yield train_spec(self, params, msg, cstate, ctx)
+        return res, record_training(res, cstate, ctx)
 
     def scored_params(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> Params | EvalSpec:
-        """Hook: the model that ``params`` stand for when scored before / after training: parameters, or an
+        """The model that ``params`` stand for when scored before / after training: parameters, or an
         :class:`EvalSpec` (default: ``params``; DBE adds its representation bias in its forward)."""
         return params
 
-    def local_training(self, params: Params, msg: Message, cstate: State,
-                       ctx: ClientCtx) -> Generator[TrainSpec, TrainResult, tuple[TrainResult, State]]:
-        """Hook, the template's training step: one spec (:meth:`train_spec`), then :meth:`record_training`. A
-        method that trains in several specs (FedRep's head then body phases, Ditto's personalized model) or in a
-        loop of its own overrides this and returns the result whose ``params`` are the client's trained model,
-        and the updated state."""
-        res = yield self.train_spec(params, msg, cstate, ctx)
-        return res, self.record_training(res, cstate, ctx)
-
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
-        """Hook: the training reply, from the trained model (``res.params``; ``res.extras`` holds what the
-        method's ``local_training`` left for it): the shared parameters as record ``"params"`` and the client's
-        training samples as metric ``num_samples``."""
-        shared = select(res.params, self.shared_names(ctx.run))
+        """The training reply, from the trained model (``res.params``; ``res.extras`` holds what the method's
+        ``local_training`` left for it): the shared parameters and ``num_samples``."""
+        shared = select(res.params, shared_names(self, ctx.run))
         return Message({"params": shared}, {"num_samples": ctx.data.num_train})
 
-    # ------------------------------------------------------------------------------ the client template
-    def client_train(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-        """The client half of a training exchange (module docstring): closed, varied only through the hooks."""
-        cstate = self.before_training(msg, cstate, ctx)
-        params = self.client_init(msg, cstate, ctx)
-        params, cstate = self.apply_transforms(params, cstate, ctx)
-        self._score("bp", params, msg, cstate, ctx)
-        res, cstate = yield from self.local_training(params, msg, cstate, ctx)
-        self._score("ap", res.params, msg, cstate, ctx)
-        if self.traits.keeps_model:
-            cstate = {**cstate, "params": res.params}
-        for t in self.transforms:
-            cstate = t.after_train(self, res.params, cstate, ctx)
-        return self.reply(res, msg, cstate, ctx), cstate
-
-    def _score(self, tag: str, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> None:
-        if msg.config.get(BEFORE_AFTER):
-            score_before_after(tag, self.scored_params(params, msg, cstate, ctx), msg, ctx)
-
-    # ----------------------------------------------------------------------------------------- evaluation
     def personalized_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """The method's own personalized model of the client: its model after local training, or what it would
-        start training from (``evaluates_received_model``)."""
+        start training from (``Traits.evaluates_received_model``)."""
         return self.client_init(msg, cstate, ctx) if self.traits.evaluates_received_model else cstate["params"]
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Parameters of the client's personalized model, per ``[eval] model`` (:attr:`chosen_eval`): the
-        method's :meth:`personalized_params`, then each transform's ``eval_params`` on top. A transform that
-        blends the received model (ALA) replaces the method's choice by its own: the template then hands it
-        what ``client_init`` makes of the evaluation message, as training hands ``apply``."""
-        if any(t.requires_received for t in self.transforms):
-            params = self.client_init(msg, cstate, ctx)
-        else:
-            params = self.personalized_params(msg, cstate, ctx)
-        for t in self.transforms:
-            params = t.eval_params(self, msg, cstate, ctx, params)
-        return params
+        """Parameters of the client's personalized model, per ``[eval] model``: :meth:`personalized_params` with
+        each transform's on top (:func:`~fedblend.core.template.eval_params`); FedAvg-FT fine-tunes them."""
+        return eval_params(self, msg, cstate, ctx)
 
     def evaluate(self, msg: Message, cstate: State, ctx: ClientCtx) -> EvalSpec:
         """The client's personalized model as an :class:`EvalSpec`: :meth:`eval_params` with the model's own
@@ -614,29 +218,129 @@ class Method:
         return EvalSpec(self.eval_params(msg, cstate, ctx))
 
 
-BEFORE_AFTER = "before_after_split"  # message config key: score the model before ("bp") and after ("ap") training
+class _Pretrainable:
+    """``Method.pretrainable``, read from the class (``fedblend pretrain`` checks it before building anything):
+    whether the class has a pre-training run, i.e. defines the classmethods ``pretrain_options(options) -> dict``
+    (the pre-training run's options from a run's) and ``save_pretrained(server, path)`` (what it learned, from the
+    final server state)."""
+
+    def __get__(self, obj: Any, cls: type) -> bool:
+        return bool(cls._legacy.get("pretrainable")) or callable(getattr(cls, "pretrain_options", None))
 
 
-@torch.no_grad()
-def score_before_after(tag: str, params: Params | EvalSpec, msg: Message, ctx: ClientCtx) -> None:
-    """When the message asks for it (``config["before_after_split"]``, set by the engine under
-    ``eval.before_after``), count the correct predictions of ``params`` on that split of the client's data into
-    ``ctx.stats[tag + "_correct"]`` / ``[tag + "_n"]``; the engine pools them into ``{tag}_acc``. ``"bp"``: the
-    model a client trains from (received, after transforms), ``"ap"``: after local training (pFedRLLA Table 2)."""
-    split = msg.config.get(BEFORE_AFTER)
-    if not split:
-        return
-    x, y = getattr(ctx.data, f"{split}_x"), getattr(ctx.data, f"{split}_y")
-    c, _, n = evaluate_params(ctx.model, as_eval_spec(params), x, y)
-    ctx.stats[f"{tag}_correct"], ctx.stats[f"{tag}_n"] = c, n
+#: former hooks that are machinery now (:mod:`fedblend.core.template`): a class that defines one is refused, naming
+#: what to do instead
+NOT_HOOKS = {
+    "client_train": "the template is closed: vary it through the client half's hooks",
+    "apply_transforms": "transforms are applied by the template",
+    "train_spec": "override local_training and yield fedblend.core.template.train_spec(self, ..., **fields)",
+    "record_training": "call fedblend.core.template.record_training(res, cstate, ctx) from local_training",
+    "shared_names": "declare Traits(shares=...) in declare()",
+    "resolve_traits": "declare the traits in declare(self, choice) -> Traits",
+    "eval_choices": "offer choices in eval_models(); Traits(eval_transforms=False) keeps the transforms' out",
+}
 
 
-def train_now(spec: TrainSpec, ctx: ClientCtx) -> TrainResult:
-    """Run a spec at once on the client's own data and stream (for evaluation-time work such as fine-tuning,
-    which is not part of the round's training)."""
-    return run_spec(spec, ctx.model, ctx.data, ctx.train, ctx.tree.torch(spec.stream))
+class Method(ServerHalf, ClientHalf):
+    """A federated method: its server half and its client half, built from one options value (``self.opts``,
+    an instance of ``options_cls``) and the client transforms composed with it. FedAvg by default.
 
+    The members a method author knows (at most 20 hooks, ``tests/test_contract.py`` checks):
 
-def same_tensors(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor] | None) -> bool:
-    """Whether two parameter dicts hold the very same tensor objects (so evaluating one evaluates both)."""
-    return b is not None and a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    * identity: ``name``, ``options_cls``, ``paper`` (class attributes; ``display_name`` optionally);
+    * declarations: :meth:`declare` (the :class:`Traits`, one function of the options and the ``[eval] model``
+      in force) and :meth:`eval_models` (the ``[eval] model`` choices);
+    * server half (:class:`ServerHalf`): ``init_server``, ``phases``, ``configure``, ``aggregate``,
+      ``configure_train``, ``aggregate_train``, ``configure_evaluate``;
+    * client half (:class:`ClientHalf`): ``init_client``, ``client_step``, ``before_training``, ``client_init``,
+      ``loss_terms``, ``local_training``, ``scored_params``, ``reply``, ``personalized_params``, ``eval_params``,
+      ``evaluate``.
+
+    What the runtimes read and no method overrides (:data:`MACHINERY`): ``traits``, ``opts``, ``transforms``,
+    ``label``, ``evaluating``, ``eval_choices``, ``global_params``, ``check_model`` and the class-level
+    ``pretrainable`` (a class with ``pretrain_options`` / ``save_pretrained`` classmethods has a pre-training
+    run). The helpers hooks call are functions of :mod:`fedblend.core.template` (``train_spec``,
+    ``record_training``, ``report_loss``, ``shared_names``, ``train_now``)."""
+
+    name: ClassVar[str] = "method"
+    options_cls: ClassVar[type] = NoOptions
+    paper: ClassVar[str] = ""
+    pretrainable = _Pretrainable()
+    _legacy: ClassVar[dict[str, Any]] = {}
+
+    #: the declarations of a method (with the halves' HOOKS: everything a method author overrides)
+    HOOKS: ClassVar[tuple[str, ...]] = ("declare", "eval_models")
+    #: what the runtimes read, not hooks
+    MACHINERY: ClassVar[tuple[str, ...]] = ("traits", "opts", "transforms", "label", "evaluating", "eval_choices",
+                                            "global_params", "check_model", "pretrainable")
+
+    def __init_subclass__(cls, **kwargs: Any):
+        """A class attribute named after a trait would be silently ignored (the rest of fedblend reads
+        ``self.traits``): one of the former declarations (:data:`LEGACY_DECLARATIONS`, a plug-in written before
+        :meth:`declare`) is still honoured, with a FutureWarning naming ``declare``; any other trait's name, and a
+        former hook that is machinery now (:data:`NOT_HOOKS`), is refused where the class is written."""
+        super().__init_subclass__(**kwargs)
+        body = vars(cls)
+        stale = sorted(f.name for f in fields(Traits) if f.name in body and f.name not in LEGACY_DECLARATIONS)
+        if stale:
+            raise TypeError(f"{cls.__name__} defines {', '.join(stale)} as a class attribute, which nothing reads: "
+                            f"declare it in declare(), e.g. def declare(self, choice): return "
+                            f"replace(super().declare(choice), {stale[0]}=...)")
+        gone = sorted(n for n in NOT_HOOKS if n in body)
+        if gone:
+            raise TypeError(f"{cls.__name__} overrides {gone[0]}, which is no longer a hook: {NOT_HOOKS[gone[0]]}")
+        old = {k: body[k] for k in LEGACY_DECLARATIONS if k in body}
+        if old:
+            warnings.warn(f"{cls.__name__} declares {', '.join(sorted(old))} as class attributes; declare them in "
+                          f"def declare(self, choice) -> Traits (" + ", ".join(
+                              f"{k} -> Traits.{LEGACY_DECLARATIONS[k]}" if LEGACY_DECLARATIONS[k] else
+                              f"{k} -> eval_models()" if k == "eval_model" else f"{k} -> pretrain_options()"
+                              for k in sorted(old)) + "); class attributes stop working in a later release",
+                          FutureWarning, stacklevel=2)
+            cls._legacy = {**cls._legacy, **old}
+
+    def __init__(self, options: Any = None, transforms: list[ClientTransform] | None = None,
+                 eval_choice: str | None = None):
+        self.opts = options if options is not None else self.options_cls()
+        self.transforms = list(transforms or [])
+        self.traits: Traits = resolve_traits(self, eval_choice)
+
+    # -------------------------------------------------------------------------------------- declarations
+    def declare(self, choice: str) -> Traits:
+        """The method's :class:`Traits`, from its options (``self.opts``) and ``choice``, the ``[eval] model``
+        in force (one of :meth:`eval_models`, or a transform's): one function, one name per concept. A subclass
+        extends its base's with ``replace(super().declare(choice), keeps_model=False)``. Default: FedAvg's."""
+        return Traits()
+
+    def eval_models(self) -> dict[str, str]:
+        """The ``[eval] model`` choices the method offers: name -> what the personalized accuracy then evaluates;
+        the first is the default (the method's paper). Default: ``{"trained": ...}``, the client's model after its
+        last local training; a method whose clients evaluate what they would start training from offers
+        ``"received"`` (the name makes ``Traits.evaluates_received_model`` true unless declared)."""
+        return {"trained": TRAINED}
+
+    # ------------------------------------------------------------------------------ machinery (runtimes read)
+    @property
+    def label(self) -> str:
+        """The method and its transforms as a run names them (``"fedprox+ala"``)."""
+        return "+".join([self.name] + [t.name for t in self.transforms])
+
+    def eval_choices(self) -> dict[str, str]:
+        """:meth:`eval_models` composed with the transforms' (ALA offers its own, which replace the host's)."""
+        return eval_choices(self)
+
+    def evaluating(self, choice: str | None) -> Method:
+        """This method with ``[eval] model = choice`` (None: as it is); a ``ValueError`` for a choice it does
+        not offer."""
+        if choice is None or choice == self.traits.eval_choice:
+            return self
+        other = copy.copy(self)
+        other.traits = resolve_traits(other, choice)
+        return other
+
+    def check_model(self, model: FedModel) -> None:
+        """Refuse options that do not fit ``model`` with a :class:`~fedblend.common.errors.ConfigError`; the
+        engine calls it before the server half starts, so a bad value fails up front, not in round 1 on a
+        client. It asks the transforms (``ClientTransform.check_model``)."""
+        for t in self.transforms:
+            t.check_model(self, model)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fedblend.core.method import ClientTransform
+from fedblend.core.traits import TransformTraits
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,11 @@ class MixOptions:
 class Mix(ClientTransform):
     name = "mix"
     options_cls = MixOptions
-    needs_local_model = True  # the host keeps the client's model after training (cstate["params"])
-    requires_received = True  # blends the model the server sends (global, or personalized as FedAMP's u_i)
+
+    def declare(self):
+        # the host keeps the client's model after training (cstate["params"]); it blends the model the server
+        # sends (global, or personalized as FedAMP's u_i)
+        return TransformTraits(needs_local_model=True, requires_received=True)
 
     def blend(self, params, cstate, ctx):
         own = cstate.get("params")

@@ -56,6 +56,7 @@ from fedblend.common.errors import ConfigError
 from fedblend.common.params import Params
 from fedblend.core.diagnostics import Curves, Histogram, Item, RunFiles, register_diagnostics
 from fedblend.core.method import ClientCtx, ClientTransform, Message, Method, State
+from fedblend.core.traits import TransformTraits
 from fedblend.models.zoo import FedModel
 
 
@@ -106,10 +107,13 @@ class ALA(ClientTransform):
     name = "ala"
     display_name = "ALA"
     options_cls = ALAOptions
-    needs_local_model = True  # theta_local of Eq. 2: the client's model after its last local training
-    requires_received = True  # theta of Eq. 2: the model the server sends (global, or personalized: FedAMP's u_i)
-    own_loop = True  # W is learned by its own loop (Eq. 5), plain code on the client before the TrainSpec
-    per_client_stats = ("ala_epochs", "ala_loss", "ala_w_")  # each learning client's record, in the round's metrics
+
+    def declare(self) -> TransformTraits:
+        """theta_local of Eq. 2 is the client's model after its last local training; theta of Eq. 2 is the model
+        the server sends (global, or personalized: FedAMP's u_i); W is learned by its own loop (Eq. 5), plain
+        code on the client before the TrainSpec; each learning client's record is kept in the round's metrics."""
+        return TransformTraits(needs_local_model=True, requires_received=True, own_loop=True,
+                               per_client_stats=("ala_epochs", "ala_loss", "ala_w_"))
 
     def init_state(self) -> State:
         return {"weights": None, "initial_done": False}
@@ -208,7 +212,7 @@ class ALA(ClientTransform):
 
     def eval_models(self, method: Method, current: dict[str, str]) -> dict[str, str]:
         """ALA's ``[eval] model`` choices, in place of the host's: "ala" (default), "stored", "trained"."""
-        received = ("the aggregated global model" if method.has_global else
+        received = ("the aggregated global model" if method.traits.global_model else
                     "the personalized model the server would send the client now")
         where = ("the next round's training stream, i.e. exactly the model the client trains from when it "
                  "joins the next round" if self.opts.eval_stream == "train" else "the eval streams")

@@ -42,7 +42,7 @@ from fedblend.algorithms.fedalp.layer_mix import global_from_groups, layer_weigh
 from fedblend.algorithms.fedalp.options import FedALPOptions
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, clone, flatten, unflatten, weighted_average
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State, Traits
 
 
 # --------------------------------------------------------------------------------------------- the method
@@ -52,19 +52,18 @@ class FedALP(Method):
     display_name = "FedALP"
     options_cls = FedALPOptions
     paper = "Xie et al., FedALP: An Adaptive Layer-Based Approach for Improved Personalized Federated Learning, 2022"
-    eval_model = ("the client's group model mixed layer-wise with the latest global model (Eq. 9, what the group "
-                  "server broadcasts); the global model before clustering")
-    #: a FedALP client always trains the W_new it receives; it keeps a model only when a transform (e.g. ALA in
-    #: "fedalp+ala") blends W_new with the client's previous model
-    client_keeps_model = False
+    def declare(self, choice: str) -> Traits:
+        """A FedALP client always trains the W_new it receives; it keeps a model only when a transform (e.g. ALA
+        in "fedalp+ala") blends W_new with the client's previous model."""
+        group = "the client's group model w_m (the global model before clustering)"
+        # (its personalized_params builds the received model itself: the template's client_init is not it)
+        return Traits(keeps_model=False, evaluates_received_model=False,
+                      eval_model=group if self.opts.local_model == "group" else "{}")
 
     def eval_models(self) -> dict[str, str]:
-        return {"received": self.eval_model}  # what its group server broadcasts, i.e. what it would receive
-
-    def resolve_traits(self, **declared):
-        if self.opts.local_model == "group":
-            declared = {"eval_model": "the client's group model w_m (the global model before clustering)", **declared}
-        return super().resolve_traits(**declared)
+        # what its group server broadcasts, i.e. what it would receive
+        return {"received": "the client's group model mixed layer-wise with the latest global model (Eq. 9, what "
+                            "the group server broadcasts); the global model before clustering"}
 
     # ------------------------------------------------------------------------------------ helpers
     def t_pre(self, run: RunInfo) -> int:

@@ -3,7 +3,7 @@ pFedMe's Moreau-envelope inner solver): functional losses and gradients over a p
 batch stream from a client's random stream, and :class:`OwnLoopMethod`, whose ``local_training`` hook is such a
 loop.
 
-A loop here is plain code on the client (``Method.client_own_loop = True``): a batching backend runs such
+A loop here is plain code on the client (``Traits.own_loop``): a batching backend runs such
 clients one by one. Everything else (client init, transforms such as ALA, before / after scores, keeping the
 model, the reply) is the :class:`~fedblend.core.method.Method` template's, so ``+ala`` composes as with FedAvg.
 """
@@ -11,13 +11,14 @@ model, the reply) is the :class:`~fedblend.core.method.Method` template's, so ``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, State
+from fedblend.core.method import ClientCtx, Message, Method, State, Traits
 from fedblend.core.training import TrainResult, batches, batches_per_epoch, forward
 
 LossFn = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
@@ -53,7 +54,8 @@ def steps_per_epochs(n: int, batch_size: int, epochs: int, drop_last: bool = Fal
 class OwnLoopMethod(Method):
     """The template whose ``local_training`` is :meth:`local_update`, a loop of the method's own (no TrainSpec)."""
 
-    client_own_loop = True
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice), own_loop=True)
 
     def local_update(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx
                      ) -> tuple[Params, State, float]:

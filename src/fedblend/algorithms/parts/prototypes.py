@@ -3,11 +3,13 @@ base of methods whose clients upload them instead of parameters (FedProto, FedGH
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fedblend.algorithms.parts.features import features_of
 from fedblend.common.params import Params
-from fedblend.core.method import ClientCtx, Message, Method, RunInfo, State
+from fedblend.core.method import ClientCtx, Message, Method, RunInfo, State, Traits
 from fedblend.core.training import TrainResult
 
 PROTOS = "protos"  # message record: {str(class): prototype vector}
@@ -38,10 +40,8 @@ def local_prototypes(params: Params, ctx: ClientCtx) -> tuple[Params, dict[str, 
 class PrototypeUpload(Method):
     """Clients upload class prototypes of their trained model and no parameter (FedProto, FedGH)."""
 
-    has_global = False
-
-    def shared_names(self, run: RunInfo) -> list[str]:
-        return []  # no parameter goes up
+    def declare(self, choice: str) -> Traits:
+        return replace(super().declare(choice), global_model=False, shares="none")  # no parameter goes up
 
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
         protos, counts = local_prototypes(res.params, ctx)

@@ -53,7 +53,8 @@ from fedblend.algorithms.pfedrlla.rewards import (
 )
 from fedblend.algorithms.registry import register_method
 from fedblend.common.params import Params, layer_of
-from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State
+from fedblend.core.method import ClientCtx, ClientWork, Message, Method, ServerCtx, State, Traits
+from fedblend.core.template import record_training, train_spec
 from fedblend.core.training import TrainResult
 from fedblend.models.zoo import FedModel
 
@@ -66,10 +67,14 @@ class PFedRLLA(Method):
     options_cls = PFedRLLAOptions
     paper = ("Reinforcement learning-based layer-wise aggregation for personalized federated learning "
              "(pFedRLLA, ICLR 2024 submission)")
-    eval_model = "each client's current model (its personalized model after its last local training)"
-    evaluates_own_model = True  # a client evaluates its own current model
-    has_global = False
-    pretrainable = True  # App. D: the agent is pre-trained on a run whose bodies stay local
+
+    def declare(self, choice: str) -> Traits:
+        return Traits(global_model=False, evaluates_own_model=True)  # a client evaluates its own current model
+
+    def eval_models(self) -> dict[str, str]:
+        return {"trained": "each client's current model (its personalized model after its last local training)"}
+
+    # App. D: the agent is pre-trained on a run whose bodies stay local (``fedblend pretrain``)
 
     @classmethod
     def pretrain_options(cls, options: Mapping) -> dict:
@@ -194,8 +199,8 @@ class PFedRLLA(Method):
     def client_upload(self, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
         """Alg. 1 line 3: the current model, the data size and ``acc_pre`` (Eq. 1c) on the validation split."""
         if self.opts.initial_training and not cstate.get("trained"):
-            res = yield self.train_spec(cstate["params"], msg, cstate, ctx, stream="initial")
-            cstate = {**self.record_training(res, cstate, ctx), "params": res.params, "trained": True}
+            res = yield train_spec(self, cstate["params"], msg, cstate, ctx, stream="initial")
+            cstate = {**record_training(res, cstate, ctx), "params": res.params, "trained": True}
         acc = validation_accuracy(ctx.model, cstate["params"], ctx.data)
         return Message({"params": cstate["params"]}, {"num_samples": ctx.data.num_train, "acc_pre": acc}), cstate
 
