@@ -71,3 +71,17 @@ def flwr_bin():
         _bin("flower-superlink")
     except Exception as exc:  # noqa: BLE001
         pytest.skip(str(exc))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _method_registry_as_found():
+    """Each test module leaves the method and transform registries as it found them: a plug-in a test loads by
+    path (``method = "tests.plugin_faults:Faulty"``) registers itself, and would otherwise be seen by every later
+    module that iterates the registry (the contract suite, the generated docs), so results depended on test order."""
+    from fedblend.algorithms import METHODS, TRANSFORMS
+
+    methods, transforms = dict(METHODS), dict(TRANSFORMS)
+    yield
+    for table, before in ((METHODS, methods), (TRANSFORMS, transforms)):
+        table.clear()
+        table.update(before)
