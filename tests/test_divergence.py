@@ -154,6 +154,8 @@ def test_warn_goes_on_to_the_last_round_and_still_fails(tmp_path, capsys):
     assert rc == 1 and len(err) == 2, err
     assert err[0].startswith("fedblend: warning: round 1: the run diverged") and "goes on" in err[0]
     assert err[1].startswith("fedblend: error: round 1: the run diverged") and "went on to round 3" in err[1]
+    named = err[0][err[0].index("["):err[0].index("]") + 1]  # the method (and where known the origin), as warned
+    assert named.startswith("[method ") and f"{named}. It went on to round 3" in err[1], err
     s = _summary(tmp_path / "run")
     assert s["status"] == "diverged" and s["divergence"]["round"] == 1 and s["rounds"] == 3
     rows = _rows(tmp_path / "run")

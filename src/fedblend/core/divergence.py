@@ -96,6 +96,8 @@ class DivergenceChecks:
         fix = ("lower train.lr or the method's step sizes / regularisation weights, check the data; "
                "divergence_factor sets the loss bound, on_divergence = 'warn' lets such a run go on")
         named = self._named(origin)
+        if first:
+            self.diverged_named = named  # the final error line of a run that went on names it too
         if self.on_divergence == "stop":
             raise DivergedError(f"round {rnd}: the run diverged: {reason} {named}. It stopped (on_divergence = "
                                 f"'stop'): {fix}", rnd, reason)

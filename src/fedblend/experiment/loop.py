@@ -62,7 +62,9 @@ def run_loop(cfg: RunConfig, sim: Simulation, out: Path, identity: dict, progres
         d = sim.diverged
         summary.update(status="diverged", divergence=d, stop_reason=f"round {d['round']}: {d['reason']}")
         finish(out, sim, summary, identity)
-        raise DivergedError(f"round {d['round']}: the run diverged: {d['reason']}. It went on to round "
+        named = getattr(sim, "diverged_named", "")  # the method, and where the first non-finite value appeared
+        raise DivergedError(f"round {d['round']}: the run diverged: {d['reason']}{' ' + named if named else ''}. It "
+                            f"went on to round "
                             f"{sim.next_round} (on_divergence = 'warn'), and its summary says status 'diverged' "
                             f"(no result)", d["round"], d["reason"])
     finish(out, sim, summary, identity)
