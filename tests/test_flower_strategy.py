@@ -183,7 +183,8 @@ def test_run_config_reaches_the_strategy():
 def test_example_under_flwr_run_equals_fedblend_run(method, tmp_path, real_data_dir, flwr_bin):
     from .test_flower_blocks import flwr_equals_fedblend_run
 
-    flw, out = flwr_equals_fedblend_run(EXAMPLE, CONFIG, tmp_path, method, [], f'data-dir="{real_data_dir}"',
+    # absolute: the ServerApp runs in Flower's app folder, not here (FEDBLEND_DATA may be relative, as in CI)
+    flw, out = flwr_equals_fedblend_run(EXAMPLE, CONFIG, tmp_path, method, [], f'data-dir="{real_data_dir.resolve()}"',
                                         SCORES)
     assert len(flw) == 2
     # the subclass's own code ran in the ServerApp: one aggregation per exchange, with the clients and nodes
