@@ -71,3 +71,10 @@ def test_verdict_rows_read_both_sides_from_results_folders(v2, tmp_path):
     rows = {r.split("|")[1].strip(): r for r in v2.verdict_rows(tmp_path)}
     assert "**agrees**" in rows["fedgh"] and "11 of 11" in rows["fedgh"]
     assert "**differs**" in rows["apple"] and "0 of 11" in rows["apple"]
+
+
+def test_final_is_the_mean_of_the_last_three_rounds_of_the_budget(v2):
+    curve = {r: float(r) for r in range(1, 51)}
+    assert v2.final(curve) == 19.0 and v2.final(curve, last=50) == 49.0
+    with pytest.raises(ValueError, match=r"\[48, 49, 50\]"):
+        v2.final({r: 1.0 for r in range(1, 49)}, last=50)
