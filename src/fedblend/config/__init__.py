@@ -44,7 +44,7 @@ The package: :mod:`~fedblend.config.schema` (the fields, their choices and range
 from fedblend.common.options import ConfigError
 from fedblend.config.docs import field_docs
 from fedblend.config.identity import config_diff, config_hash
-from fedblend.config.loading import apply_overrides, dump_toml, load_config, parse_value
+from fedblend.config.loading import apply_overrides, dump_toml, load_config, parse_value, toml_value
 from fedblend.config.migration import migrate_eval, with_new_defaults
 from fedblend.config.schema import (
     BACKEND_NAMES,
@@ -69,4 +69,4 @@ __all__ = ["BACKEND_NAMES", "DEVICES", "DIVERGENCE_POLICIES", "LEGACY_EVAL", "NO
            "SCALARS", "SCALAR_CHOICES", "SCALAR_RANGES", "SPLIT_ONLY", "STORES", "TABLES", "ConfigError", "LogConfig",
            "RunConfig", "apply_overrides", "check_config", "check_cross_fields", "check_model_fits", "config_diff",
            "config_from_dict", "config_hash", "dump_toml", "field_docs", "fields_of", "load_config", "migrate_eval",
-           "parse_value", "with_new_defaults"]
+           "parse_value", "toml_value", "with_new_defaults"]

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from fedblend.common.argtypes import overrides_arg, path_arg
 from fedblend.common.options import ConfigError
 from fedblend.config.schema import RunConfig
@@ -64,22 +66,21 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def dump_toml(data: dict[str, Any]) -> str:
-    """Minimal TOML writer for resolved configs (scalars first, then one level of tables)."""
+    """A resolved config as TOML text, written by ``tomli_w`` (the one TOML writer: runs' ``config.toml``, the
+    Flower app's ``pyproject.toml``, bookkeeping configs); unset (``None``) fields are left out, as TOML has no
+    null. Reads back with :func:`load_config` to the same values."""
+    return tomli_w.dumps(_without_none(data))
 
-    def fmt(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(fmt(x) for x in v) + "]"
-        if isinstance(v, dict):  # an inline table (partition.flwr_options)
-            return "{" + ", ".join(f"{kk} = {fmt(vv)}" for kk, vv in v.items()) + "}"
-        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    lines = [f"{k} = {fmt(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
-    for k, v in data.items():
-        if isinstance(v, dict):
-            lines.append(f"\n[{k}]")
-            lines += [f"{kk} = {fmt(vv)}" for kk, vv in v.items() if vv is not None]
-    return "\n".join(lines) + "\n"
+def toml_value(value: Any) -> str:
+    """One value as the TOML text :func:`parse_value` (and ``--set key=TEXT``) reads back to it (``tomli_w``:
+    ``inf`` / ``nan`` and strings escaped the TOML way)."""
+    return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_none(v) for v in value]
+    return value

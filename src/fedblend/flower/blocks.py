@@ -44,7 +44,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedblend.config import RunConfig, apply_overrides, config_from_dict, load_config
+from fedblend.config import RunConfig, apply_overrides, config_from_dict, load_config, toml_value
 from fedblend.flower import apps
 
 PREFIX = "fedblend."  # run config keys that override fedblend config fields
@@ -67,17 +67,11 @@ def raw_config(config: str | Path | Mapping[str, Any] | RunConfig | None,
     return raw
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return json.dumps(v)  # numbers and strings: valid TOML
-
-
 def run_config_for(raw: Mapping[str, Any], run_config: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict:
     """The run config :mod:`fedblend.flower.apps` expects (``fedblend-config`` and the deployment options) for
     the app's config ``raw`` and its Flower run config (``fedblend.*`` keys and deployment options, see the module
     docstring)."""
-    sets = [f"{k[len(PREFIX):]}={_toml_value(v)}" for k, v in sorted(run_config.items()) if k.startswith(PREFIX)]
+    sets = [f"{k[len(PREFIX):]}={toml_value(v)}" for k, v in sorted(run_config.items()) if k.startswith(PREFIX)]
     cfg = config_from_dict(apply_overrides(dict(raw), sets))
     rc = {**DEFAULTS, **defaults, **{k: v for k, v in run_config.items() if k in DEFAULTS}}
     rc["out"] = str(rc["out"] or Path("runs") / cfg.label)
