@@ -4,14 +4,16 @@ applied here, not in prose.
 Inputs per method: fedblend's runs (one per seed, ``{round: accuracy in %}``) and the reference's runs (its own
 repetitions, same form). The rule:
 
-1. **Curve**: at each round ``r`` of :data:`ROUNDS`, ``d(r) = m_F(r) - m_R(r)`` (means over each side's runs) and
+1. **Curve**: at each round ``r`` of the second half of the budget (:func:`window`: rounds 10-20 of 20, 25-50 of
+   50, 50-100 of 100), ``d(r) = m_F(r) - m_R(r)`` (means over each side's runs) and
    ``se(r) = sqrt(s_F(r)^2 / n_F + s_R(r)^2 / n_R)`` (sample standard deviations); the curves agree when
-   ``|d(r)| <= 2 se(r) + FLOOR`` at at least :data:`INSIDE` of those rounds.
+   ``|d(r)| <= 2 se(r) + FLOOR`` at at least the same share of those rounds as 9 of 11 (rounded up).
 2. **Ordering**: for each anchor (Local, FedAvg), the method's final accuracy minus the anchor's has the same sign
    on both sides, or lies within :data:`TIE` points of zero on at least one side.
 
-"Final accuracy": the mean over :data:`FINAL` (rounds 18-20). The paired table (each method against Local and
-FedAvg-FT, paired by seed) is :func:`paired`: mean difference and its 95 % t-interval.
+"Final accuracy": the mean over the budget's last three rounds (:data:`FINAL`, rounds 18-20, at 20 rounds). The
+paired table (each method against Local and FedAvg-FT, paired by seed) is :func:`paired`: mean difference and its
+95 % t-interval.
 
     python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
 """
@@ -30,8 +32,8 @@ from scipy import stats
 
 Curve = Mapping[int, float]  # round -> accuracy (%)
 
-ROUNDS = tuple(range(10, 21))
-INSIDE = 9
+ROUNDS = tuple(range(10, 21))  # the window at the 20 rounds first stated
+INSIDE = 9  # of its 11 rounds
 FLOOR = 0.5
 TIE = 1.0
 FINAL = (18, 19, 20)
@@ -52,39 +54,54 @@ def final(curve: Curve, last: int = FINAL[-1]) -> float:
     return statistics.fmean(curve[r] for r in rounds)
 
 
+def window(budget: int) -> tuple[tuple[int, ...], int]:
+    """Rule 1's rounds for a ``budget``-round setting and how many of them must lie inside the band: the second
+    half of the budget, rounds ``budget // 2`` to ``budget``, and the share 9 of 11 rounded up (20 rounds:
+    :data:`ROUNDS`, :data:`INSIDE`; 50: rounds 25-50, 22 of 26; 100: rounds 50-100, 42 of 51), as stated in
+    docs/validation-2.md before the runs of a longer budget."""
+    if budget < 4:
+        raise ValueError(f"a budget of {budget} rounds has no curve window")
+    rounds = tuple(range(budget // 2, budget + 1))
+    return rounds, math.ceil(len(rounds) * INSIDE / len(ROUNDS))
+
+
 @dataclass(frozen=True)
 class CurveAgreement:
-    inside: int  # rounds of ROUNDS with |d| <= 2 se + FLOOR
-    d_last: float  # d at the last round of ROUNDS
+    inside: int  # rounds of the window with |d| <= 2 se + FLOOR
+    d_last: float  # d at the budget's last round
     agrees: bool
+    of: int = len(ROUNDS)  # rounds in the window
 
 
-def curve_agreement(ours: Sequence[Curve], theirs: Sequence[Curve]) -> CurveAgreement:
-    """Rule 1 over :data:`ROUNDS` (every run must have every one of them)."""
+def curve_agreement(ours: Sequence[Curve], theirs: Sequence[Curve], budget: int = FINAL[-1]) -> CurveAgreement:
+    """Rule 1 over :func:`window` of the budget (every run must have every one of its rounds)."""
+    rounds, needed = window(budget)
     inside, d = 0, 0.0
-    for r in ROUNDS:
+    for r in rounds:
         (mf, sf), (mr, sr) = _mean_sd([c[r] for c in ours]), _mean_sd([c[r] for c in theirs])
         d = mf - mr
         se = math.sqrt(sf ** 2 / len(ours) + sr ** 2 / len(theirs))
         inside += abs(d) <= 2 * se + FLOOR
-    return CurveAgreement(inside, d, inside >= INSIDE)
+    return CurveAgreement(inside, d, inside >= needed, len(rounds))
 
 
 def same_ordering(method_ours: Sequence[Curve], anchor_ours: Sequence[Curve], method_theirs: Sequence[Curve],
-                  anchor_theirs: Sequence[Curve]) -> tuple[float, float, bool]:
+                  anchor_theirs: Sequence[Curve], budget: int = FINAL[-1]) -> tuple[float, float, bool]:
     """Rule 2 for one anchor: (our gap, their gap, whether the rule holds); gaps are mean final accuracies."""
-    ours = statistics.fmean(map(final, method_ours)) - statistics.fmean(map(final, anchor_ours))
-    theirs = statistics.fmean(map(final, method_theirs)) - statistics.fmean(map(final, anchor_theirs))
+    def gap(method: Sequence[Curve], anchor: Sequence[Curve]) -> float:
+        return (statistics.fmean(final(c, budget) for c in method) - statistics.fmean(final(c, budget) for c in anchor))
+
+    ours, theirs = gap(method_ours, anchor_ours), gap(method_theirs, anchor_theirs)
     holds = (ours > 0) == (theirs > 0) or min(abs(ours), abs(theirs)) <= TIE
     return ours, theirs, holds
 
 
-def paired(method: Mapping[int, Curve], anchor: Mapping[int, Curve], level: float = 0.95
+def paired(method: Mapping[int, Curve], anchor: Mapping[int, Curve], level: float = 0.95, budget: int = FINAL[-1]
            ) -> tuple[float, float, float, int]:
     """Method minus anchor, paired by seed (``{seed: curve}``, the seeds both have): mean of the final-accuracy
     differences and its ``level`` t-interval; ``(mean, low, high, n)`` (an interval of nan for one seed)."""
     seeds = sorted(set(method) & set(anchor))
-    diffs = [final(method[s]) - final(anchor[s]) for s in seeds]
+    diffs = [final(method[s], budget) - final(anchor[s], budget) for s in seeds]
     if not diffs:
         raise ValueError("no seed in common: nothing to pair")
     mean = statistics.fmean(diffs)
@@ -114,9 +131,19 @@ def reference_curves(path: Path) -> list[Curve]:
     return [{i + 1: 100 * a for i, a in enumerate(run)} for run in ref["runs"]]
 
 
+def budget_of(curves: Sequence[Curve]) -> int:
+    """The rounds of a setting's runs: the last round of each, which must be the same for all (a 50-round run
+    compared with a 20-round reference is an error, not a shorter comparison)."""
+    lasts = {max(c) for c in curves}
+    if len(lasts) != 1:
+        raise ValueError(f"runs of different budgets ({sorted(lasts)} rounds): one setting has one budget")
+    return lasts.pop()
+
+
 def verdict_rows(root: Path) -> list[str]:
     """One markdown row per method folder under ``root`` that has both sides (``fedblend/seed*``,
-    ``reference.json``) and whose anchors (``local/``, ``fedavg/``) have both sides too."""
+    ``reference.json``) and whose anchors (``local/``, ``fedavg/``) have both sides too; the window and the final
+    rounds follow the runs' budget (:func:`budget_of`)."""
     anchors = {a: (list(fedblend_curves(root / a / "fedblend").values()), reference_curves(root / a / "reference.json"))
                for a in ("local", "fedavg") if (root / a / "reference.json").exists()}
     rows = []
@@ -124,18 +151,19 @@ def verdict_rows(root: Path) -> list[str]:
         ours, theirs = list(fedblend_curves(folder / "fedblend").values()), reference_curves(folder / "reference.json")
         if not ours or len(anchors) < 2:
             continue
-        c = curve_agreement(ours, theirs)
-        orders = [same_ordering(ours, a_ours, theirs, a_theirs) for a_ours, a_theirs in anchors.values()]
+        budget = budget_of([*ours, *theirs, *(c for side in anchors.values() for runs in side for c in runs)])
+        c = curve_agreement(ours, theirs, budget)
+        orders = [same_ordering(ours, a_ours, theirs, a_theirs, budget) for a_ours, a_theirs in anchors.values()]
         ok = c.agrees and all(o[2] for o in orders)
         cells = [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in orders]
-        rows.append(f"| {folder.name} | {len(ours)} / {len(theirs)} | {c.d_last:+.2f} | {c.inside} of {len(ROUNDS)} "
+        rows.append(f"| {folder.name} | {len(ours)} / {len(theirs)} | {c.d_last:+.2f} | {c.inside} of {c.of} "
                     f"| {cells[0]} | {cells[1]} | **{'agrees' if ok else 'differs'}** |")
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     root = Path((argv or sys.argv[1:] or ["results/validation-2"])[0])
-    print("| method | runs (fedblend / reference) | d at round 20 | rounds inside the band | vs Local (ours / "
+    print("| method | runs (fedblend / reference) | d at the last round | rounds inside the band | vs Local (ours / "
           "theirs) | vs FedAvg (ours / theirs) | verdict |\n|---|---|---|---|---|---|---|")
     print("\n".join(verdict_rows(root)) if root.exists() else "")
     return 0

@@ -78,3 +78,21 @@ def test_final_is_the_mean_of_the_last_three_rounds_of_the_budget(v2):
     assert v2.final(curve) == 19.0 and v2.final(curve, last=50) == 49.0
     with pytest.raises(ValueError, match=r"\[48, 49, 50\]"):
         v2.final({r: 1.0 for r in range(1, 49)}, last=50)
+
+
+def test_window_is_the_second_half_of_the_budget_with_the_share_nine_of_eleven(v2):
+    assert v2.window(20) == (v2.ROUNDS, v2.INSIDE)  # the rule as first stated
+    assert v2.window(50) == (tuple(range(25, 51)), 22) and v2.window(100) == (tuple(range(50, 101)), 42)
+    long_ours = [{r: 80.0 + (8.0 if r < 25 else 0.0) for r in range(1, 51)}] * 3  # apart only before round 25
+    long_theirs = [{r: 80.0 for r in range(1, 51)}] * 3
+    c = v2.curve_agreement(long_ours, long_theirs, budget=50)
+    assert (c.inside, c.of, c.agrees) == (26, 26, True)
+    late = [{**long_theirs[0], **{r: 88.0 for r in range(46, 51)}}] * 3  # 5 of 26 outside -> 21 < 22 -> differs
+    assert (v2.curve_agreement(late, long_theirs, budget=50).inside, v2.curve_agreement(late, long_theirs, 50).agrees) \
+        == (21, False)
+
+
+def test_budget_of_refuses_runs_of_different_lengths(v2):
+    assert v2.budget_of([_curve(80.0), _curve(81.0)]) == 20
+    with pytest.raises(ValueError, match="different budgets"):
+        v2.budget_of([_curve(80.0), {r: 80.0 for r in range(1, 51)}])
