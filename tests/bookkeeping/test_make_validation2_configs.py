@@ -32,3 +32,12 @@ def test_second_setting_replaces_the_setting_and_keeps_the_method_options():
     perfedavg = mod.second_setting(tomllib.loads((ROOT / "configs" / "validation" / "perfedavg.toml").read_text()),
                                    "perfedavg", 0.2)
     assert perfedavg["train"]["epochs"] == 2 and perfedavg["partition"]["pool_fraction"] == 0.2
+
+
+def test_alpha_and_rounds_choose_the_replacement_settings(tmp_path):
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    assert mod.main(["--out", str(tmp_path), "--alpha", "1.0", "--rounds", "50"]) == 0
+    text = (tmp_path / "fedala.toml").read_text()
+    cfg = tomllib.loads(text)
+    assert (cfg["partition"]["alpha"], cfg["rounds"], cfg["partition"]["pool_fraction"]) == (1.0, 50, 0.3)
+    assert "Dir(1)" in text and "50 rounds" in text
