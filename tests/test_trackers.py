@@ -302,3 +302,77 @@ class TestMlflowRunFile:
         (run / ".mlflow_run").write_text((other / ".mlflow_run").read_text())
         with pytest.raises(TrackerError, match=r"logged another run \(method 'fedavg', seed '7'"):
             run_experiment(load_config(None, [*TINY, "log.mlflow=true", "rounds=4"]), run, resume=True)
+
+
+# ------------------------------------------------------------------ MLflow's own web UI, as docs/workflow.md says
+def _ui_python() -> str:
+    """An interpreter whose MLflow has its web UI: ``FEDBLEND_MLFLOW_UI_PYTHON`` (e.g. a venv with the full
+    ``mlflow`` package), else this one when it has ``flask`` (the ``mlflow`` extra installs mlflow-skinny, which
+    has no UI: skipped then)."""
+    import importlib.util
+    import os
+
+    given = os.environ.get("FEDBLEND_MLFLOW_UI_PYTHON")
+    if given:
+        return given
+    if importlib.util.find_spec("flask") is None:
+        pytest.skip("MLflow's web UI needs the full mlflow package (flask); set FEDBLEND_MLFLOW_UI_PYTHON to a "
+                    "Python that has it")
+    return sys.executable
+
+
+def _http(url: str, body: dict | None = None) -> tuple[int, bytes]:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, whatever the proxy variables
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with opener.open(req, timeout=10) as r:
+        return r.status, r.read()
+
+
+def test_the_documented_mlflow_ui_serves_the_summary_status_and_files(tmp_path, file_store):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.error
+
+    ui = _ui_python()
+    run = tmp_path / "run"
+    run_experiment(load_config(None, [*TINY, "log.mlflow=true"]), run)
+    summary, rid = json.loads((run / "summary.json").read_text()), (run / ".mlflow_run").read_text().strip()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the command of docs/workflow.md: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri OUT/mlruns
+    server = subprocess.Popen([ui, "-m", "mlflow", "ui", "--backend-store-uri", str(run / "mlruns"),
+                               "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, start_new_session=True,
+                              env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(180):
+            if server.poll() is not None:
+                pytest.fail(f"mlflow ui exited {server.returncode}: {server.stderr.read().decode()[-2000:]}")
+            try:
+                if _http(base + "/")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow ui did not answer within 90 s")
+        got = json.loads(_http(base + "/api/2.0/mlflow/runs/get?run_id=" + rid)[1])["run"]
+        metrics = {m["key"]: m["value"] for m in got["data"]["metrics"]}
+        tags = {t["key"]: t["value"] for t in got["data"]["tags"]}
+        assert metrics["best_accuracy"] == pytest.approx(summary["best_accuracy"], rel=1e-9)
+        assert metrics["final_accuracy"] == pytest.approx(summary["final_accuracy"], rel=1e-9)
+        assert tags["fedblend.status"] == "finished" and got["info"]["status"] == "FINISHED"
+        files = json.loads(_http(base + "/api/2.0/mlflow/artifacts/list?run_id=" + rid)[1])["files"]
+        assert {f["path"] for f in files} == {"summary.json", "config.toml"}
+        history = json.loads(_http(base + f"/api/2.0/mlflow/metrics/get-history?run_id={rid}&metric_key=acc")[1])
+        assert {int(m["step"]): m["value"] for m in history["metrics"]} == {m["round"]: m["acc"] for m in _rows(run)}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
