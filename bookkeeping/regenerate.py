@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     goldens = missing_goldens()
     stale = [path.relative_to(ROOT) for path, _ in docs] + [p.relative_to(ROOT) for p in configs] + \
             ([f"{GOLDEN.relative_to(ROOT)} (no history for {', '.join(goldens)})"] if goldens else [])
+    if not args.check and goldens:
+        stale[-1] = f"{GOLDEN.relative_to(ROOT)} (recorded {', '.join(goldens)})"
     if args.check:
         for what in stale:
             print(f"{what} is stale: run python bookkeeping/regenerate.py", file=sys.stderr)

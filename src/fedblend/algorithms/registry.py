@@ -27,16 +27,13 @@ from fedblend.core.method import ClientTransform, Method
 
 METHODS: dict[str, type[Method]] = {}
 TRANSFORMS: dict[str, type[ClientTransform]] = {}
-#: every class decorated with :func:`register_method` / :func:`register_transform`, by kind, in decoration order:
-#: what a package entry point declares (:func:`defined`)
+#: the classes decorated with :func:`register_method` / :func:`register_transform`, by kind (:func:`defined`)
 DECORATED: dict[str, list[type]] = {"method": [], "transform": []}
-#: the package entry points loaded so far, ``(kind, module)``
-_LOADED: set[tuple[str, str]] = set()
+_LOADED: set[tuple[str, str]] = set()  # the package entry points loaded so far, (kind, module)
 
 
 def register_method(cls: type[Method]) -> type[Method]:
-    """Class decorator: register ``cls`` under its ``name`` through :func:`admit`'s checks, and mark it as a method
-    its module defines (a package entry point declares the marked classes of its package's modules)."""
+    """Class decorator: register ``cls`` under its ``name`` through :func:`admit`, as a method its module defines."""
     return _register("method", cls)
 
 
@@ -53,10 +50,8 @@ def _register(kind: str, cls: type) -> type:
 
 
 def defined(kind: str, package: str) -> list[type]:
-    """The methods (``kind`` ``"method"``) or transforms that module or package ``package`` defines: the classes
-    decorated with :func:`register_method` / :func:`register_transform` whose module is ``package`` or one under
-    it (a class imported from elsewhere is not one); only modules imported so far count (:func:`admit_package`
-    imports them all)."""
+    """The methods (``kind`` ``"method"``) or transforms that (imported) package ``package`` defines: the decorated
+    classes whose module is ``package`` or one under it (a class imported from elsewhere is not one)."""
     return [c for c in DECORATED[kind] if c.__module__ == package or c.__module__.startswith(f"{package}.")]
 
 
@@ -96,8 +91,7 @@ def admit_package(kind: str, module: str, where: str) -> list[str]:
 
 
 def load_packages(kind: str) -> dict[str, str]:
-    """Load the package entry points of ``kind``'s group not loaded yet (every installed package's); returns
-    ``{entry point: error}`` for those that fail, instead of raising, after loading the others."""
+    """Load the package entry points of ``kind``'s group not loaded yet; ``{entry point: error}`` of those that fail."""
     failed = {}
     for name, ep in sorted(plugins.declared_packages(kind).items()):
         if (kind, ep.value) not in _LOADED:
