@@ -1,7 +1,7 @@
-"""The documentation generated from the code: docs/config.md's option tables, docs/architecture.md's hook table,
-and the API reference.
+"""The documentation generated from the code and the method pages: docs/config.md's option tables,
+docs/architecture.md's hook table, the README's methods table, and the API reference.
 
-    python bookkeeping/gen_docs.py               # rewrite the generated blocks of docs/config.md, docs/architecture.md
+    python bookkeeping/gen_docs.py               # rewrite the generated blocks of docs/*.md and README.md
     python bookkeeping/gen_docs.py --check       # change nothing; exit 1 naming each stale block
     python bookkeeping/gen_docs.py api [--out build/api]   # the API reference (HTML, pdoc; docs/api.md)
 
@@ -14,9 +14,13 @@ text around it is written by hand. Sources:
 * the ``[eval] model`` table: each registered method's ``eval_choices()``;
 * the hook table: the members of :class:`fedblend.core.method.Method` whose docstring starts with "Hook" (its
   signature, the docstring's first sentence) and the classes among the registered methods' ancestors that
-  override each.
+  override each;
+* the README's methods table: one row per method page, from the page's line
+  ``<!-- methods-table N: `name`, `+transform` | citation and one line -->`` (under its title), in the order of
+  ``N``, linked to the page (:func:`method_rows`).
 
-``tests/test_config_docs.py`` and ``tests/test_contract.py`` compare the committed blocks with what this writes;
+``tests/test_config_docs.py``, ``tests/test_contract.py`` and ``tests/test_readme.py`` compare the committed blocks with
+what this writes;
 ``tests/test_api_reference.py`` builds the API reference and checks its docstrings and cross-references.
 """
 
@@ -167,9 +171,36 @@ def hook_table() -> str:
     return table(("hook", "what it does (`Method`'s default)", "overridden by"), rows)
 
 
+# -------------------------------------------------------------------------------------------------- README.md
+ROW = re.compile(r"^<!-- methods-table (\d+): (.+?) \| (.+) -->$", re.M)
+
+
+def method_rows() -> list[tuple[int, list[str], str, str]]:
+    """``(N, names, text, page stem)`` of every method page's README row, in the table's order (``N``, then the
+    page's name): ``names`` the backquoted names of the first cell (``fedavg``, ``+ala``). A page with a
+    ``methods-table`` line that does not parse is an error naming it."""
+    rows = []
+    for page in sorted((DOCS / "methods").glob("*.md")):
+        text = page.read_text()
+        found = ROW.findall(text)
+        if len(found) != text.count("<!-- methods-table"):
+            raise SystemExit(f"docs/methods/{page.name}: a methods-table line is not "
+                             f"'<!-- methods-table N: `name`, ... | citation and one line -->'")
+        rows += [(int(n), re.findall(r"`([^`]+)`", names), f"{names} | {line}", page.stem) for n, names, line in found]
+    return sorted(rows, key=lambda r: (r[0], r[3]))
+
+
+def methods_table() -> str:
+    """The README's methods table: name(s), paper and one line, the page (:func:`method_rows`)."""
+    rows = [f"| {cells} | [{stem}](docs/methods/{stem}.md) |" for _, _, cells, stem in method_rows()]
+    return "\n".join(["| method | paper | docs |", "|---|---|---|", *rows])
+
+
 # ------------------------------------------------------------------------------------------------ the blocks
-FILES: dict[str, Callable[[], dict[str, str]]] = {"config.md": config_blocks,
-                                                  "architecture.md": lambda: {"hooks": hook_table()}}
+#: each generated file (relative to the repository root) and what writes its blocks
+FILES: dict[str, Callable[[], dict[str, str]]] = {"docs/config.md": config_blocks,
+                                                  "docs/architecture.md": lambda: {"hooks": hook_table()},
+                                                  "README.md": lambda: {"methods": methods_table()}}
 BEGIN = "<!-- BEGIN GENERATED {name}: {command}; edit the code, not this block -->"
 END = "<!-- END GENERATED {name} -->"
 
@@ -193,9 +224,9 @@ def render(text: str, blocks: dict[str, str], where: str) -> str:
 def stale() -> Iterator[tuple[Path, str, str]]:
     """``(path, committed text, generated text)`` for every file whose generated blocks differ from the code."""
     for fname, make in FILES.items():
-        path = DOCS / fname
+        path = ROOT / fname
         old = path.read_text()
-        new = render(old, make(), f"docs/{fname}")
+        new = render(old, make(), fname)
         if new != old:
             yield path, old, new
 

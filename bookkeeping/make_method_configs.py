@@ -1,7 +1,8 @@
 """Write ``configs/methods/<method>.toml``: one bundled config per registered method, in one common setting (the
 T1 Dir(0.1) setting of docs/benchmarks.md: Fashion-MNIST, 20 clients, FedAPA's Dir(0.1) rule, LeNet-5, 50
 rounds), with the method's default options (its paper's, see ``fedblend methods NAME``). A starting point to
-compare every method in one setting; ``tests/test_config_cli.py`` checks one exists and validates per method.
+compare every method in one setting; ``tests/test_defaults_and_help.py`` checks one exists and validates per
+method. ``python bookkeeping/regenerate.py`` runs this with the other generators.
 
     python bookkeeping/make_method_configs.py [--out configs/methods]
 """
@@ -46,19 +47,22 @@ high = 1.0
 """
 
 
-def main() -> int:
+def configs() -> dict[str, str]:
+    """``{file name: text}`` of the bundled config of every registered built-in method."""
     from fedblend.results.names import method_name
 
+    return {f"{name}.toml": TEMPLATE.format(title=method_name(name), method=name)
+            for name, cls in sorted(METHODS.items()) if cls.__module__.startswith("fedblend.")}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="configs/methods")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in sorted(METHODS):
-        (out / f"{name}.toml").write_text(TEMPLATE.format(title=method_name(name), method=name))
-    print(f"wrote {len(METHODS)} configs to {out}")
+    texts = configs()
+    for fname, text in texts.items():
+        (out / fname).write_text(text)
+    print(f"wrote {len(texts)} configs to {out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

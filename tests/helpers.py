@@ -25,6 +25,23 @@ def run_client(sim, cid: int, msg, rnd: int | None = None, phase: str = "train")
     return sim.client_runtime().handle(ClientJob(phase, cid, rnd, msg, sim.store.get(cid)))
 
 
+def pip_install_target(src, target) -> str | None:
+    """``pip install --no-deps --target target src`` (a package on disk, as a user's ``pip install``): offline
+    with this environment's setuptools first, else pip's isolated build (fetches setuptools); None when
+    installed, else pip's last line of error (the caller skips)."""
+    import shutil
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(src)]
+    for extra in (["--no-build-isolation", "--no-index"], []):
+        res = subprocess.run([*base, *extra], capture_output=True, text=True)
+        if res.returncode == 0:
+            return None
+        shutil.rmtree(target, ignore_errors=True)
+    return " ".join(res.stderr.strip().splitlines()[-1:])
+
+
 def history(out) -> list[dict]:
     """The rows of a run directory's metrics.jsonl."""
     import json

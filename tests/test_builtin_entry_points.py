@@ -1,10 +1,12 @@
 """Built-in methods and transforms are found as plug-ins are: entry points of ``fedblend.methods`` /
-``fedblend.transforms`` that fedblend's ``pyproject.toml`` declares, read from the installed package's metadata
-(in a source tree: from its ``pyproject.toml``), each loaded through the plug-in checks
-(``fedblend.algorithms.registry.admit``)."""
+``fedblend.transforms`` that fedblend's ``pyproject.toml`` declares (one package entry point per group,
+``fedblend = "fedblend.algorithms"``), read from the installed package's metadata (in a source tree: from its
+``pyproject.toml``); the package's methods are the classes its modules decorate with ``@register_method``
+(``@register_transform``), each loaded through the plug-in checks (``fedblend.algorithms.registry.admit``)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import subprocess
@@ -18,22 +20,46 @@ from fedblend.algorithms import METHODS, TRANSFORMS, registry
 from fedblend.common import plugins
 from fedblend.core.method import Method
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = REPO / "pyproject.toml"
+ALGORITHMS = REPO / "src" / "fedblend" / "algorithms"
+PACKAGE = {"fedblend": "fedblend.algorithms"}
 
 
 def declared(kind: str) -> dict[str, str]:
     return registry.source_entry_points(plugins.GROUPS[kind], PYPROJECT)
 
 
+def decorated_in_source(kind: str) -> set[str]:
+    """``"module:Class"`` of every class decorated with ``@register_<kind>`` in the source files under
+    ``src/fedblend/algorithms`` (read as text, nothing imported)."""
+    found = set()
+    for path in ALGORITHMS.rglob("*.py"):
+        parts = path.relative_to(ALGORITHMS.parent.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(d, ast.Name) and d.id == f"register_{kind}"
+                                                      for d in node.decorator_list):
+                found.add(f"{module}:{node.name}")
+    return found
+
+
+@pytest.mark.parametrize("kind", ["method", "transform"])
+def test_pyproject_declares_the_algorithms_package_once(kind):
+    """One package entry point per group, whatever the number of methods: a new built-in adds no line."""
+    assert declared(kind) == PACKAGE
+
+
 @pytest.mark.parametrize("kind,table", [("method", METHODS), ("transform", TRANSFORMS)])
-def test_the_registry_is_exactly_the_declared_entry_points(kind, table):
-    """Every registered built-in is declared in pyproject.toml under its own ``name``, at its own class, and
-    every declaration is registered (a module that registers a method nobody declared fails here too)."""
-    want = declared(kind)
-    assert want, f"pyproject.toml declares no {plugins.GROUPS[kind]}"
+def test_the_registry_is_exactly_what_the_package_defines(kind, table):
+    """Every module under ``fedblend/algorithms`` that decorates a class with ``@register_method``
+    (``@register_transform``) is found, every such class is registered under its own ``name``, and nothing else
+    of fedblend is (a base class such as ``BodySharing``, not decorated, is not a method)."""
     builtins = {n: c for n, c in table.items() if c.__module__.startswith("fedblend.")}
-    assert {n: f"{c.__module__}:{c.__qualname__}" for n, c in builtins.items()} == want
+    assert {f"{c.__module__}:{c.__qualname__}" for c in builtins.values()} == decorated_in_source(kind)
+    assert set(registry.defined(kind, "fedblend.algorithms")) == set(builtins.values())
     assert all(c.name == n for n, c in builtins.items())
+    assert len(builtins) >= (26 if kind == "method" else 1)
 
 
 def _dist_with(tmp_path: Path, entry_points: str) -> metadata.Distribution:
@@ -46,11 +72,11 @@ def _dist_with(tmp_path: Path, entry_points: str) -> metadata.Distribution:
 
 def test_an_installed_package_reads_its_metadata(tmp_path, monkeypatch):
     """Installed from a wheel (no source tree beside the package): the entry points of its metadata."""
-    dist = _dist_with(tmp_path, "[fedblend.methods]\nfedavg = fedblend.algorithms.fedavg:FedAvg\n"
+    dist = _dist_with(tmp_path, "[fedblend.methods]\nfedblend = fedblend.algorithms\n"
                                 "[fedblend.datasets]\nx = a:b\n")
     monkeypatch.setattr(registry.metadata, "distribution", lambda name: dist)
     monkeypatch.setattr(registry, "SOURCE_PYPROJECT", tmp_path / "pyproject.toml")
-    assert registry.builtin_entry_points("method") == {"fedavg": "fedblend.algorithms.fedavg:FedAvg"}
+    assert registry.builtin_entry_points("method") == PACKAGE
 
 
 @pytest.mark.parametrize("installed", ["none", "stale"])
@@ -62,8 +88,26 @@ def test_a_source_tree_reads_its_pyproject(installed, tmp_path, monkeypatch):
 
     stale = _dist_with(tmp_path, "[fedblend.methods]\nfedavg = fedblend.algorithms.moved:FedAvg\n")
     monkeypatch.setattr(registry.metadata, "distribution", missing if installed == "none" else lambda name: stale)
-    assert registry.builtin_entry_points("method") == declared("method")
-    assert registry.builtin_entry_points("transform") == {"ala": "fedblend.algorithms.ala:ALA"}
+    assert registry.builtin_entry_points("method") == PACKAGE
+    assert registry.builtin_entry_points("transform") == PACKAGE
+
+
+@pytest.mark.parametrize("value,message", [
+    ("fedblend.algorithmz", "fedblend's entry point fedblend = 'fedblend.algorithmz' of group 'fedblend.methods': "
+                            "cannot import module 'fedblend.algorithmz': ModuleNotFoundError"),
+    ("fedblend.algorithms.parts", "fedblend's entry point fedblend = 'fedblend.algorithms.parts' of group "
+                                  "'fedblend.methods': 'fedblend.algorithms.parts' defines no method (a class "
+                                  "decorated with @fedblend.algorithms.registry.register_method"),
+    ("fedblend.algorithms.fedavg:Nope", "module 'fedblend.algorithms.fedavg' has no attribute 'Nope'"),
+])
+def test_a_bad_builtin_declaration_is_one_line_naming_it(value, message, monkeypatch):
+    """A package entry point naming a missing module, or a package that defines no method (``parts`` has base
+    classes of methods, none decorated), or a class entry point naming a missing class: the plug-in's one-line
+    error."""
+    monkeypatch.setattr(registry, "builtin_entry_points", lambda kind: {"fedblend": value} if kind == "method" else {})
+    with pytest.raises(plugins.PluginError) as err:
+        registry.load_builtins()
+    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_neither_metadata_nor_source_tree_is_one_clear_error(tmp_path, monkeypatch):
@@ -119,11 +163,11 @@ def test_a_declaration_goes_through_the_plugin_checks(monkeypatch):
     assert registry.admit("method", "fedavg", METHODS["fedavg"]) is METHODS["fedavg"]
 
 
-def test_fedblend_methods_lists_every_declared_builtin_once():
-    """``fedblend methods`` (a fresh process: the registry as a user's first import fills it) lists the declared
+def test_fedblend_methods_lists_every_builtin_once():
+    """``fedblend methods`` (a fresh process: the registry as a user's first import fills it) lists the built-in
     methods in name order, then ``+ala``, none marked as a plug-in."""
     res = subprocess.run([sys.executable, "-m", "fedblend.cli.main", "methods"], capture_output=True, text=True,
                          check=True)
     names = [line.split()[0] for line in res.stdout.splitlines() if line and not line.startswith(" ")]
-    assert names == sorted(declared("method")) + ["+ala"]
+    assert names == sorted(n for n, c in METHODS.items() if c.__module__.startswith("fedblend.")) + ["+ala"]
     assert "[plug-in" not in res.stdout and res.stderr == ""

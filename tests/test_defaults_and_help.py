@@ -81,6 +81,8 @@ def test_every_method_has_a_bundled_config_that_validates():
     from fedblend.algorithms import METHODS
     from fedblend.config import check_model_fits, load_config
 
+    missing = [n for n in sorted(METHODS) if not (REPO / "configs" / "methods" / f"{n}.toml").is_file()]
+    assert not missing, f"no configs/methods/<name>.toml for {missing}: run python bookkeeping/regenerate.py"
     for name in sorted(METHODS):
         cfg = load_config(REPO / "configs" / "methods" / f"{name}.toml")
         check_model_fits(cfg.model, cfg.dataset)

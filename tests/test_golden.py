@@ -106,9 +106,9 @@ def test_golden_tolerance_catches_a_one_percent_change(key, tiny_fed):
 
 def test_every_registered_method_and_transform_host_has_a_golden():
     """A new method (or a method a transform can now host) fails here until its golden is recorded with
-    ``python tests/golden/record_synthetic.py tests/golden/synthetic.json``."""
+    ``python bookkeeping/regenerate.py`` (``tests/golden/record_synthetic.py``: the missing ones only)."""
     missing = sorted(k for k in keys() if k not in GOLDEN)
-    assert not missing, f"registered specs without a synthetic golden: {missing}"
+    assert not missing, f"registered specs without a synthetic golden: {missing}; run python bookkeeping/regenerate.py"
 
 
 def test_every_benchmark_config_has_a_golden():

@@ -16,6 +16,7 @@ import pytest
 
 from fedblend.cli.main import main
 from fedblend.testing import without_timings
+from tests.helpers import pip_install_target
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "myprox"
@@ -40,15 +41,9 @@ def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plugin")
     src, target = tmp / "src", tmp / "site"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(src)]
-    # offline with this environment's setuptools first; else pip's isolated build (fetches setuptools)
-    for extra in (["--no-build-isolation", "--no-index"], []):
-        res = subprocess.run([*base, *extra], capture_output=True, text=True)
-        if res.returncode == 0:
-            break
-        shutil.rmtree(target, ignore_errors=True)
-    else:
-        pytest.skip(f"cannot install the example package with pip: {res.stderr.strip().splitlines()[-1:]}")
+    error = pip_install_target(src, target)
+    if error is not None:
+        pytest.skip(f"cannot install the example package with pip: {error}")
     saved = [dict(r) for r in _registries()]
     old_path, old_env = list(sys.path), os.environ.get("PYTHONPATH")
     sys.path.insert(0, str(target))

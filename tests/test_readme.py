@@ -90,3 +90,50 @@ def test_readme_own_method_command_line_loads_with_the_snippet_importable(snippe
     check(re.search(r"#\s+(fedblend run .*)", README).group(1))
     with pytest.raises(Exception):  # noqa: B017 - the config's own error: the snippet has no option 'nu'
         check("fedblend run configs/quickstart.toml --set method=myprox:MyProx --set options.nu=1")
+
+
+# ----------------------------------------------------------------------------------- the generated methods table
+def _gen():
+    from tests.helpers import load_script
+
+    return load_script("gen_docs", "bookkeeping")
+
+
+def test_readme_methods_table_is_generated_from_the_method_pages():
+    """The table between the README's ``methods`` markers is what ``python bookkeeping/gen_docs.py`` writes from
+    the ``<!-- methods-table N: ... -->`` line of each page under docs/methods."""
+    import difflib
+
+    stale = [(old, new) for path, old, new in _gen().stale() if path.name == "README.md"]
+    diff = "\n".join(difflib.unified_diff(*(t.splitlines() for t in stale[0]), "committed", "generated",
+                                          lineterm="", n=0)) if stale else ""
+    assert not stale, f"README.md's methods table is stale: run python bookkeeping/gen_docs.py\n{diff}"
+
+
+def test_a_method_page_line_is_its_readme_row(tmp_path, monkeypatch):
+    """Editing a page's line changes its row (and only the generator writes the README); a line that does not
+    parse is an error naming its page."""
+    import shutil
+
+    gen = _gen()
+    shutil.copytree(gen.DOCS / "methods", tmp_path / "methods")
+    page = tmp_path / "methods" / "fedapa.md"
+    page.write_text(page.read_text().replace("IJCAI 2025 (", "IJCAI 2025, edited ("))
+    monkeypatch.setattr(gen, "DOCS", tmp_path)
+    table = gen.methods_table()
+    assert "| `fedapa` | Sun et al., FedAPA, IJCAI 2025, edited (" in table and table not in README
+    page.write_text(page.read_text().replace("<!-- methods-table 3: `fedapa` |", "<!-- methods-table x: `fedapa`"))
+    with pytest.raises(SystemExit, match="docs/methods/fedapa.md: a methods-table line is not"):
+        gen.method_rows()
+
+
+def test_every_builtin_method_and_transform_has_a_row_and_every_row_is_registered():
+    from fedblend.algorithms import METHODS, TRANSFORMS
+
+    names = {n for _, cell, _, _ in _gen().method_rows() for n in cell}
+    builtins = {n for n, c in METHODS.items() if c.__module__.startswith("fedblend.")} | \
+               {f"+{n}" for n, c in TRANSFORMS.items() if c.__module__.startswith("fedblend.")}
+    assert not builtins - names, (f"registered without a row in the README's methods table: {sorted(builtins - names)}; "
+                                  "add a '<!-- methods-table N: `name` | paper, one line -->' line under the title "
+                                  "of its docs/methods page, then run python bookkeeping/gen_docs.py")
+    assert not names - builtins, f"rows of methods that are not registered: {sorted(names - builtins)}"

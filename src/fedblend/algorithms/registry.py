@@ -1,11 +1,14 @@
 """Registry of methods and client transforms; ``"fedavg+ala"`` composes a method with transforms.
 
 Built-ins and plug-ins are found the same way: as entry points of the groups ``fedblend.methods`` and
-``fedblend.transforms`` (:mod:`fedblend.common.plugins`). fedblend declares its own in its ``pyproject.toml``;
-:func:`load_builtins` (run when :mod:`fedblend.algorithms` is imported) loads every one of them through the
-checks a plug-in meets (:func:`admit`), so ``METHODS`` holds every built-in from the start and a plug-in only
-when a config names it. In a source tree the declarations are read from its ``pyproject.toml``, in an installed
-package from its metadata (:func:`builtin_entry_points`).
+``fedblend.transforms`` (:mod:`fedblend.common.plugins`). fedblend declares its own with one *package entry
+point* per group in its ``pyproject.toml``, ``fedblend = "fedblend.algorithms"``: the methods (transforms) of a
+package are the classes defined in its modules that are decorated with :func:`register_method`
+(:func:`register_transform`), found by :func:`admit_package` after importing every module of the package.
+:func:`load_builtins` (run when :mod:`fedblend.algorithms` is imported) loads them through the checks a plug-in
+meets (:func:`admit`), so ``METHODS`` holds every built-in from the start and a plug-in only when a config names
+it. In a source tree the declarations are read from its ``pyproject.toml``, in an installed package from its
+metadata (:func:`builtin_entry_points`).
 """
 
 from __future__ import annotations
@@ -24,20 +27,32 @@ from fedblend.core.method import ClientTransform, Method
 
 METHODS: dict[str, type[Method]] = {}
 TRANSFORMS: dict[str, type[ClientTransform]] = {}
+#: the classes decorated with :func:`register_method` / :func:`register_transform`, by kind (:func:`defined`)
+DECORATED: dict[str, list[type]] = {"method": [], "transform": []}
+_LOADED: set[tuple[str, str]] = set()  # the package entry points loaded so far, (kind, module)
 
 
 def register_method(cls: type[Method]) -> type[Method]:
-    if cls.name in METHODS:
-        raise ValueError(f"method {cls.name!r} registered twice")
-    METHODS[cls.name] = cls
-    return cls
+    """Class decorator: register ``cls`` under its ``name`` through :func:`admit`, as a method its module defines."""
+    return _register("method", cls)
 
 
 def register_transform(cls: type[ClientTransform]) -> type[ClientTransform]:
-    if cls.name in TRANSFORMS:
-        raise ValueError(f"transform {cls.name!r} registered twice")
-    TRANSFORMS[cls.name] = cls
+    """Class decorator: :func:`register_method` for a client transform."""
+    return _register("transform", cls)
+
+
+def _register(kind: str, cls: type) -> type:
+    admit(kind, getattr(cls, "name", None), cls)
+    if cls not in DECORATED[kind]:
+        DECORATED[kind].append(cls)
     return cls
+
+
+def defined(kind: str, package: str) -> list[type]:
+    """The methods (``kind`` ``"method"``) or transforms that (imported) package ``package`` defines: the decorated
+    classes whose module is ``package`` or one under it (a class imported from elsewhere is not one)."""
+    return [c for c in DECORATED[kind] if c.__module__ == package or c.__module__.startswith(f"{package}.")]
 
 
 def make_options(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
@@ -53,20 +68,55 @@ def find_plugin(kind: str, name: str) -> type | None:
     if name in table:
         return table[name]
     obj = plugins.find(kind, name)
-    return None if obj is None else admit(kind, name, obj)
+    if obj is not None:
+        return admit(kind, name, obj)
+    failed = load_packages(kind)  # the packages that declare every class they define (plugins.declared_packages)
+    if name not in table and failed:  # it may be in a package that fails to load: that package's error
+        raise plugins.PluginError(next(iter(failed.values())))
+    return table.get(name)
+
+
+def admit_package(kind: str, module: str, where: str) -> list[str]:
+    """Import package (or module) ``module`` whole and :func:`admit` each method (``kind``) it :func:`defined`
+    under its class's ``name``; returns those names. ``where`` names the entry point in a one-line
+    :class:`~fedblend.common.plugins.PluginError`: a module that cannot be imported, or a package that defines
+    no ``kind``."""
+    plugins.import_package(kind, module, where)
+    classes = defined(kind, module)
+    if not classes:
+        raise plugins.PluginError(f"{kind} plug-in {where}: {module!r} defines no {kind} (a class decorated with "
+                                  f"@fedblend.algorithms.registry.register_{kind} in one of its modules)")
+    _LOADED.add((kind, module))
+    return [admit(kind, getattr(c, "name", None), c).name for c in classes]
+
+
+def load_packages(kind: str) -> dict[str, str]:
+    """Load the package entry points of ``kind``'s group not loaded yet; ``{entry point: error}`` of those that fail."""
+    failed = {}
+    for name, ep in sorted(plugins.declared_packages(kind).items()):
+        if (kind, ep.value) not in _LOADED:
+            try:
+                admit_package(kind, ep.value, plugins.describe(kind, ep))
+            except plugins.PluginError as exc:
+                failed[name] = str(exc)
+    return failed
 
 
 def admit(kind: str, name: str, obj: Any) -> type:
     """Check that ``obj`` is a method (``kind`` ``"method"``) or transform class with a dataclass ``options_cls``
     and register it under ``name``: the checks every plug-in and every built-in meets. A built-in's module
     registered it already with :func:`register_method` / :func:`register_transform` (under its class's
-    ``name``, which must equal ``name``); another class under a taken name is refused."""
+    ``name``, which must equal ``name``); another class under a taken name is refused, so is a name that is not
+    a non-empty string."""
     table, base = (METHODS, Method) if kind == "method" else (TRANSFORMS, ClientTransform)
     cls = plugins.check_subclass(kind, name, obj, base)
     opts = getattr(cls, "options_cls", None)
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
         returned_wrong(cls, kind, "options_cls", f"{_what(opts)}, not a dataclass (e.g. "
                        f"@dataclass class Options: mu: float = 0.01)", verb="is")
+    if not (isinstance(name, str) and name):
+        raise plugins.PluginError(f"{kind} plug-in {cls.__module__}.{cls.__qualname__} has no name (a class "
+                                  f"attribute name = \"...\": the name configs use)")
     if table.get(name, cls) is not cls:
         raise ValueError(f"{kind} {name!r} registered twice: {table[name].__qualname__} and {cls.__qualname__}")
     table[name] = cls
@@ -78,7 +128,7 @@ SOURCE_PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def builtin_entry_points(kind: str) -> dict[str, str]:
-    """``{name: "module:Class"}`` of fedblend's own entry points of ``kind``'s group (``"method"``:
+    """``{name: "package"}`` (or ``"module:Class"``) of fedblend's own entry points of ``kind``'s group (``"method"``:
     ``fedblend.methods``, ``"transform"``: ``fedblend.transforms``). Running from a source tree (a checkout, with
     or without ``pip install -e``), its ``pyproject.toml`` declares them: the installed metadata may be older
     (``pyproject.toml`` edited since the install) or another checkout's (an editable install elsewhere, this tree
@@ -100,7 +150,7 @@ def builtin_entry_points(kind: str) -> dict[str, str]:
 
 
 def source_entry_points(group: str, path: Path | None = None) -> dict[str, str]:
-    """``{name: "module:Class"}`` of ``group`` in fedblend's ``pyproject.toml`` at ``path`` (default:
+    """``{name: value}`` of ``group`` in fedblend's ``pyproject.toml`` at ``path`` (default:
     :data:`SOURCE_PYPROJECT`; {} if there is none or it is another project's)."""
     path = path or SOURCE_PYPROJECT
     if not path.is_file():
@@ -114,17 +164,21 @@ def source_entry_points(group: str, path: Path | None = None) -> dict[str, str]:
 
 
 def load_builtins() -> None:
-    """Import and register every built-in transform, then method, in name order, each through :func:`admit` (as
-    a plug-in) from its entry point. Each ``"module:Class"`` path is imported as a plug-in's path is, so a
-    declaration that names a missing module or class fails with the plug-in's one-line error."""
+    """Import and register every built-in transform, then method, each through :func:`admit` (as a plug-in's)
+    from fedblend's entry points: a package entry point (``fedblend = "fedblend.algorithms"``) through
+    :func:`admit_package`, a ``"module:Class"`` one as a plug-in's path. A declaration that names a missing module
+    or class, or a package that defines none, fails with the plug-in's one-line error."""
     for kind in ("transform", "method"):
-        for name, path in sorted(builtin_entry_points(kind).items()):
-            admit(kind, name, plugins.find(kind, path))
+        for name, value in sorted(builtin_entry_points(kind).items()):
+            where = f"fedblend's entry point {name} = {value!r} of group {plugins.GROUPS[kind]!r}"
+            if plugins.is_path(value):
+                admit(kind, name, plugins.find(kind, value))
+            else:
+                admit_package(kind, value, where)
 
 
 def _what(value: Any) -> str:
     return f"the class {value.__qualname__}" if isinstance(value, type) else f"a {type(value).__name__}"
-
 
 
 def parse_method(spec: str) -> tuple[str, list[str]]:
@@ -144,6 +198,7 @@ def load_all_plugins() -> dict[str, str]:
     error}`` for those that fail, instead of raising."""
     failed = {}
     for kind in ("method", "transform"):
+        failed.update({f"{kind} package {name}": err for name, err in load_packages(kind).items()})
         for name in sorted(plugins.declared(kind)):
             try:
                 find_plugin(kind, name)
