@@ -1,6 +1,7 @@
 """What each hook must return, checked where fedblend receives it: one table, read from the return annotations of
 the hooks' own signatures (:class:`~fedblend.core.method.ServerHalf`, :class:`~fedblend.core.method.ClientHalf`
-and :class:`~fedblend.core.method.Method`: every name in their ``HOOKS``), and one check, :func:`returned`.
+and :class:`~fedblend.core.method.Method`: every name in their ``HOOKS``; the method module registers them,
+:func:`register`), and one check, :func:`returned` (:func:`returned_result` for a generator's final value).
 
 A hook that returns the wrong kind of object -- ``before_training`` a tuple, ``loss_terms`` a dict, ``configure_train``
 the bare parameters, ``declare`` a dict, ``phases`` one phase's name -- is named at that hook, with what it returned
