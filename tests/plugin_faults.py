@@ -31,7 +31,7 @@ import torch
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.core.message import Message
 from fedblend.core.training import LossTerm
-from tests.wrong_returns import WRONG
+from tests.wrong_returns import WRONG, WrongOptions
 
 #: the hooks a fault can be planted in (``__init__``: the plug-in's construction)
 HOOKS = ("__init__", "init_server", "phases", "configure_train", "aggregate_train", "configure_evaluate",
@@ -42,11 +42,8 @@ RETURN_FAULTS = ("none", "type", "wrongtype")
 
 
 @dataclass
-class FaultOptions:
-    hook: str = ""
+class FaultOptions(WrongOptions):
     fault: str = ""
-    round: int = 0
-    client: int = -1
 
 
 class Faulty(FedAvg):

@@ -319,6 +319,28 @@ class TestFlowerNodesReportIt:
             flower_run(cfg, tmp_path)
         assert (err.value.plugin, err.value.hook, err.value.round, err.value.client) == (PLUGIN, "loss_terms", 1, 1)
 
+    def test_a_real_deploy_says_it_in_one_line(self, tmp_path, flwr_bin, monkeypatch):
+        """``fedblend deploy``: a real SuperLink and 2 SuperNodes (processes) on loopback; the plug-in's
+        ``loss_terms`` raises on client 1 in round 1: the command's one error line names the plug-in, the hook,
+        the client and the round (what the node sent, as the ServerApp stopped on it); exit 1, nothing left
+        running."""
+        pytest.importorskip("flwr", reason="the Flower extra is not installed")
+        import os
+        from pathlib import Path
+
+        from tests.test_flower import TINY, _children
+
+        root = str(Path(__file__).resolve().parents[1])  # the nodes' ClientApps import tests.plugin_faults too
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        sets = [*TINY, "rounds=2", "method='tests.plugin_faults:Faulty'", "options.hook='loss_terms'",
+                "options.fault='raise'", "options.client=1"]
+        rc, err = _cli(["deploy", *(f"--set={s}" for s in sets), "--nodes", "2", "--timeout", "120", "--quiet",
+                        "--out", str(tmp_path / "flw")])
+        lines = [ln for ln in err.splitlines() if ln.startswith("fedblend: error:")]
+        assert rc == 1 and len(lines) == 1, err
+        assert f"HookError: {PLUGIN} raised in loss_terms (client 1, round 1): ValueError: planted fault" in lines[0]
+        assert _children() == []
+
     def test_the_node_puts_it_in_the_result(self):
         from fedblend.flower.node import Node
 

@@ -76,6 +76,19 @@ class TestAWrongTypeIsNamedAtTheHookThatReturnedIt:
         """The worker names it; the HookError travels back whole and the engine raises it once."""
         _check(_run(tiny_fed, hook, ProcessBackend(workers=2, threads=1), cid=1), hook, cid=1)
 
+    def test_on_flower_nodes(self, tmp_path):
+        """The node's ClientApp names it; the HookError travels in the client's result and the server raises it
+        (tests/test_flower.py's in-process grid)."""
+        pytest.importorskip("flwr", reason="the Flower extra is not installed")
+        from tests.test_flower import flower_run, tiny_cfg
+
+        cfg = tiny_cfg("tests.wrong_returns:WrongReturn", "options.hook='before_training'", "options.client=1")
+        with pytest.raises(HookError, match=r"^method plug-in 'wrong-return' \(tests.wrong_returns:WrongReturn\): "
+                                            r"before_training returned a tuple, not the client state \(a dict\) "
+                                            r"\(client 1, round 1\); a fault of its code \(on node \d+\)$") as err:
+            flower_run(cfg, tmp_path)
+        assert (err.value.hook, err.value.round, err.value.client) == ("before_training", 1, 1)
+
     @pytest.mark.parametrize("backend", ["sequential", "vmap", "processes"])
     def test_one_line_exit_1_on_the_command_line(self, tmp_path, backend):
         err = io.StringIO()
