@@ -123,7 +123,8 @@ class TestTheContracts:
             assert returned(m, hook, value, 0, 1) is value
         for hook, value, got in [("phases", (), "a tuple holding nothing"), ("phases", "train", "a str"),
                                  ("loss_terms", (LossTerm(lambda p, b: 0), None), "a tuple holding None"),
-                                 ("declare", None, "None (a missing return?)")]:
+                                 ("declare", None, "None (a missing return?)"),
+                                 ("eval_models", [("trained", "its model")], "a list")]:  # (dict() took it before)
             with pytest.raises(HookError, match=rf"^method 'method': {hook} returned {re.escape(got)}, not "):
                 returned(m, hook, value, 0, 1)
 
