@@ -7,6 +7,9 @@
 * ``raise``: the hook raises ``ValueError("planted fault")``;
 * ``none``: the hook returns None (a missing ``return``);
 * ``type``: the hook returns its value wrapped in a list (the wrong kind of object);
+* ``wrongtype``: the hook returns a plausible wrong kind of object of its own (``tests/wrong_returns.py``'s
+  :data:`~tests.wrong_returns.WRONG`: ``configure_train`` the bare parameters, ``aggregate_train`` a
+  ``(state, metrics)`` pair, ``loss_terms`` a dict of terms, ``before_training`` ``(message, state)``, ...);
 * ``shape`` / ``dtype`` / ``nan``: the first model parameter in what the hook returns gets a wrong shape, an
   integer dtype or NaN values;
 * ``extra`` / ``missing``: a parameter the model does not have added / the first parameter left out;
@@ -28,19 +31,19 @@ import torch
 from fedblend.algorithms.fedavg import FedAvg
 from fedblend.core.message import Message
 from fedblend.core.training import LossTerm
+from tests.wrong_returns import WRONG, WrongOptions
 
 #: the hooks a fault can be planted in (``__init__``: the plug-in's construction)
 HOOKS = ("__init__", "init_server", "phases", "configure_train", "aggregate_train", "configure_evaluate",
          "init_client", "before_training", "client_init", "loss_terms", "reply", "eval_params")
-FAULTS = ("raise", "none", "type", "shape", "dtype", "nan", "extra", "missing", "zero", "signature")
+FAULTS = ("raise", "none", "type", "wrongtype", "shape", "dtype", "nan", "extra", "missing", "zero", "signature")
+#: the faults in what a hook returns: once applied, the run stops naming the hook that returned it
+RETURN_FAULTS = ("none", "type", "wrongtype")
 
 
 @dataclass
-class FaultOptions:
-    hook: str = ""
+class FaultOptions(WrongOptions):
     fault: str = ""
-    round: int = 0
-    client: int = -1
 
 
 class Faulty(FedAvg):
@@ -63,15 +66,15 @@ class Faulty(FedAvg):
         o = self.opts
         return o.hook == hook and o.round == rnd and (cid is None or o.client < 0 or o.client == cid)
 
-    def _spoil(self, hook: str, value, rnd: int, cid: int | None = None):
+    def _spoil(self, hook: str, value, rnd: int, cid: int | None = None, *args):
         if not self._now(hook, rnd, cid):
             return value
         fault = self.opts.fault
-        if fault in ("raise", "none", "type"):
+        if fault in ("raise", *RETURN_FAULTS):
             type(self).fired = True
             if fault == "raise":
                 raise ValueError("planted fault")
-            return None if fault == "none" else [value]
+            return None if fault == "none" else [value] if fault == "type" else WRONG[hook][0](value, *args)
         if fault == "zero":
             if isinstance(value, Message) and "num_samples" in value.metrics:
                 value.metrics["num_samples"] = 0
@@ -101,7 +104,7 @@ class Faulty(FedAvg):
 
     def phases(self, sctx):
         out = super().phases(sctx)
-        if self._now("phases", sctx.rnd, None) and self.opts.fault not in ("raise", "none", "type", "signature"):
+        if self._now("phases", sctx.rnd, None) and self.opts.fault not in ("raise", *RETURN_FAULTS, "signature"):
             type(self).fired = True
             return ("train", "nosuch")  # a phase the method does not have
         return self._spoil("phases", out, sctx.rnd)
@@ -119,10 +122,10 @@ class Faulty(FedAvg):
         return self._spoil("init_client", super().init_client(ctx), ctx.rnd, ctx.cid)
 
     def before_training(self, msg, cstate, ctx):
-        return self._spoil("before_training", super().before_training(msg, cstate, ctx), ctx.rnd, ctx.cid)
+        return self._spoil("before_training", super().before_training(msg, cstate, ctx), ctx.rnd, ctx.cid, msg)
 
     def client_init(self, msg, cstate, ctx):
-        return self._spoil("client_init", super().client_init(msg, cstate, ctx), ctx.rnd, ctx.cid)
+        return self._spoil("client_init", super().client_init(msg, cstate, ctx), ctx.rnd, ctx.cid, msg)
 
     def loss_terms(self, msg, params, cstate, ctx):
         if self._now("loss_terms", ctx.rnd, ctx.cid) and self.opts.fault in ("shape", "nan", "dtype"):

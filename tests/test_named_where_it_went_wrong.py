@@ -151,8 +151,7 @@ LINES = {
         "missing return?), not a tuple of LossTerms (client 0, round 1); a fault of its code"),
     "NoneBeforeTraining": (
         "fedblend: error: method plug-in 'none-before-training' (my_methods:NoneBeforeTraining): before_training "
-        "returned None (a missing return?) (client 0, round 1), and client_init failed on it: AttributeError: "
-        "'NoneType' object has no attribute 'get'; a fault of its code (fedblend --debug shows the traceback)"),
+        "returned None (a missing return?), not the client state (a dict) (client 0, round 1); a fault of its code"),
 }
 
 

@@ -1,18 +1,19 @@
 """Every training reply is checked against the reply contract before it is aggregated (fedblend.core.replies):
-a Message, model parameters of the model's shapes and a floating dtype, no names the model lacks in a parameter
-record (beyond what the method declares), a positive num_samples. A violation is a MessageError naming the method,
-the client, the round, the record and the entry -- never an AttributeError, and never a run that "finishes" on a
-silently broadcast upload. The contract suite (fedblend.testing) runs the same check, and aggregation refuses
-shape mismatches outright."""
+a Message (a reply hook that returns none is a HookError at that hook, fedblend.core.returns), model parameters
+of the model's shapes and a floating dtype, no names the model lacks in a parameter record (beyond what the method
+declares), a positive num_samples. A violation is a MessageError naming the method, the client, the round, the
+record and the entry -- never an AttributeError, and never a run that "finishes" on a silently broadcast upload.
+The contract suite (fedblend.testing) runs the same check, and aggregation refuses shape mismatches outright."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
-from fedblend.common.errors import MessageError
+from fedblend.common.errors import HookError, MessageError
 from fedblend.common.params import weighted_average
 from fedblend.core.message import Message
 from fedblend.core.replies import reply_errors
@@ -39,8 +40,6 @@ def _num_samples(value):
 
 # (breaker, fragment of the message after "<method>: client <c>'s reply in round 1: ")
 BREAKERS = [
-    (NoReply, "the reply is None, not a fedblend Message"),
-    (ParamsOnly, "the reply is a dict, not a fedblend Message"),
     (ShortBias, "params['fc2.bias'] has shape [1], the model's is [4]"),
     (Transposed, "params['fc2.weight'] has shape [50, 4], the model's is [4, 50]"),
     (IntegerWeights, "params['fc1.bias'] has dtype torch.int64: model parameters are floating point"),
@@ -51,6 +50,15 @@ BREAKERS = [
     (_num_samples(math.nan), "metrics['num_samples'] is nan"),
     (_num_samples(math.inf), "metrics['num_samples'] is inf"),
 ]
+
+
+#: (breaker, what its reply hook returned): no Message at all is the reply hook's wrong return (core.returns)
+NOT_A_MESSAGE = [(NoReply, "None (a missing return?)"), (ParamsOnly, "a dict")]
+
+
+def _not_a_message(method, got: str) -> str:
+    return (rf"^method plug-in '{method.name}' \(tests.contract_breakers:{method.__name__}\): reply returned "
+            rf"{re.escape(got)}, not a Message \(client \d, round 1\); a fault of its code$")
 
 
 class TestTheEngineRefusesABrokenReply:
@@ -71,6 +79,16 @@ class TestTheEngineRefusesABrokenReply:
     @pytest.mark.parametrize("method, fragment", BREAKERS, ids=lambda x: getattr(x, "__name__", "")[:30])
     def test_the_contract_suite_names_it_too(self, tiny_fed, method, fragment):
         with pytest.raises((AssertionError, MessageError), match="reply in round 1"):
+            check_replies(method, tiny_fed)
+
+    @pytest.mark.parametrize("method, got", NOT_A_MESSAGE, ids=["None", "dict"])
+    def test_a_reply_that_is_no_message_is_named_at_the_reply_hook(self, tiny_fed, method, got):
+        sim = tiny_sim(tiny_fed, method, rounds=2)
+        before = {k: v.clone() for k, v in sim.server["global"].items()}
+        with pytest.raises(HookError, match=_not_a_message(method, got)):
+            sim.run_round()
+        assert all(torch.equal(before[k], v) for k, v in sim.server["global"].items()), "a broken reply aggregated"
+        with pytest.raises(HookError, match=_not_a_message(method, got)):
             check_replies(method, tiny_fed)
 
 
@@ -140,22 +158,22 @@ class TestAggregationRefusesMismatches:
 
 
 class TestWorkerProcessesNameItTheSameWay:
-    """Under the process backend a client half that returns no Message is the same MessageError, raised in the
-    main process, not a RuntimeError wrapping a worker's traceback."""
+    """Under the process backend a reply hook that returns no Message is the same HookError, raised in the main
+    process, not a RuntimeError wrapping a worker's traceback."""
 
-    @pytest.mark.parametrize("method", [NoReply, ParamsOnly], ids=["None", "dict"])
-    def test_process_backend(self, tiny_fed, method):
+    @pytest.mark.parametrize("method, got", NOT_A_MESSAGE, ids=["None", "dict"])
+    def test_process_backend(self, tiny_fed, method, got):
         from fedblend.core.backends import ProcessBackend
 
         with tiny_sim(tiny_fed, method, rounds=1, backend=ProcessBackend(workers=2, threads=1)) as sim:
-            with pytest.raises(MessageError, match=rf"^{method.name}: client \d's reply in round 1: the reply is "):
+            with pytest.raises(HookError, match=_not_a_message(method, got)):
                 sim.run_round()
 
-    @pytest.mark.parametrize("method", [NoReply, ParamsOnly], ids=["None", "dict"])
-    def test_vmap_backend(self, tiny_fed, method):
-        """The vmap backend's lock-step driver names it too (it unpacked the client half's return itself)."""
+    @pytest.mark.parametrize("method, got", NOT_A_MESSAGE, ids=["None", "dict"])
+    def test_vmap_backend(self, tiny_fed, method, got):
+        """The vmap backend's lock-step driver names it too (the client template runs there as it is)."""
         from fedblend.core.vmap import VmapBackend
 
         with tiny_sim(tiny_fed, method, rounds=1, backend=VmapBackend()) as sim:
-            with pytest.raises(MessageError, match=rf"^{method.name}: client \d's reply in round 1: the reply is "):
+            with pytest.raises(HookError, match=_not_a_message(method, got)):
                 sim.run_round()

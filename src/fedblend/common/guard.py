@@ -12,8 +12,9 @@ site wraps the call in :func:`guarded`; an exception from the call becomes one
   transforms (``self`` is one of them: ``loss_terms`` inside the client template, ``aggregate_train`` inside
   ``aggregate``), or data a hook made that training runs (a :class:`~fedblend.core.training.LossTerm` failing
   inside local training: ``loss_terms``, its class's ``guard_hook``), else the hook the call site named; where
-  the exception is about a None that a hook returned and a later hook used (``before_training`` returning None,
-  ``client_init`` failing on it), the hook that returned it (:func:`_returned_none`),
+  the exception is about a None that a function of the plug-in returned and its hook used (a helper of its own
+  returning None, ``personalized_params`` failing on it), that function (:func:`_returned_none`; what fedblend
+  hands from hook to hook is checked first, :mod:`fedblend.core.returns`),
 * the client and the round (1-based),
 * the exception's type and first line, and where in the plug-in's code it was raised (the innermost frame outside
   torch and the standard library).
@@ -300,17 +301,6 @@ def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     text = lines[0] if lines else ""
     return text if len(text) <= 300 else text[:297] + "..."
-
-
-def check_returned(value: Any, expected: type | tuple[type, ...], what: str, owner: Any, kind: str, hook: str,
-                   rnd: int | None = None, cid: int | None = None) -> Any:
-    """``value`` (what ``owner``'s ``hook`` returned) if it is an instance of ``expected``; else a
-    :class:`HookError` naming the hook and what it should have returned (``what``: ``"a Message"``), never an
-    AttributeError later, wherever the value is first used."""
-    if isinstance(value, expected):
-        return value
-    got = "None (a missing return?)" if value is None else f"a {type(value).__name__}"
-    returned_wrong(owner, kind, hook, f"{got}, not {what}", rnd, cid)
 
 
 def returned_wrong(owner: Any, kind: str, hook: str, problem: str, rnd: int | None = None, cid: Any = None,

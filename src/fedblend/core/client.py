@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from fedblend.common.codec import to_device
-from fedblend.common.errors import MessageError
-from fedblend.common.guard import check_returned, method_guard, returned_wrong
+from fedblend.common.guard import method_guard, returned_wrong
 from fedblend.common.params import Params
 from fedblend.common.rng import SeedTree
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalSpec, evaluate_params
@@ -37,7 +36,8 @@ from fedblend.core.method import (
     same_tensors,
     train_now,
 )
-from fedblend.core.replies import check_is_message, model_errors, where_reply
+from fedblend.core.replies import model_errors
+from fedblend.core.returns import returned, returned_result
 from fedblend.core.training import TrainResult, TrainSpec
 from fedblend.data.federated import ClientData
 
@@ -76,16 +76,17 @@ def drive(work: ClientWork, execute: Callable[[TrainSpec], TrainResult]) -> tupl
         return stop.value
 
 
-def returned_pair(out: Any, label: str, job: ClientJob) -> tuple[Message, State]:
-    """What a client half returned, checked to be ``(reply Message, state)``: a hook that forgot to ``return``
-    is named (:class:`~fedblend.common.errors.MessageError`) here, on the client, not as an AttributeError
-    wherever its reply is first touched."""
-    if not (isinstance(out, tuple) and len(out) == 2):
-        what = "None" if out is None else f"a {type(out).__name__}"
-        raise MessageError(f"{where_reply(label, job.cid, job.rnd, job.phase)}: the client half returned {what}, "
-                           f"not (reply Message, state)")
-    check_is_message(out[0], label, job.cid, job.rnd, job.phase)
-    return out
+def returned_pair(out: Any, method: Method, job: ClientJob) -> tuple[Message, State]:
+    """What a client half's ``client_step`` generator returned, checked to be ``(reply Message, state)``: a hook
+    that forgot to ``return`` is named here, on the client, not as an AttributeError wherever its reply is first
+    touched (:func:`~fedblend.core.returns.returned_result`)."""
+    return returned_result(method, "client_step", out, job.rnd, job.cid)
+
+
+def client_work(method: Method, job: ClientJob, state: State, ctx: ClientCtx) -> ClientWork:
+    """The generator of ``method``'s ``client_step`` for ``job`` (guarded, and checked to be a generator)."""
+    with method_guard(method, "client_step", job.rnd, job.cid, ctx.model):
+        return returned(method, "client_step", method.client_step(job.phase, job.msg, state, ctx), job.rnd, job.cid)
 
 
 class ClientRuntime:
@@ -107,9 +108,10 @@ class ClientRuntime:
         ctx, state = self.begin(job)
         if job.phase == EVALUATE:
             return ClientResult(self.evaluate(job.msg, state, ctx), None, {})
+        work = client_work(self.method, job, state, ctx)
         with method_guard(self.method, "client_step", job.rnd, job.cid, self.run.model):
-            out = drive(self.method.client_step(job.phase, job.msg, state, ctx), lambda s: train_now(s, ctx))
-        reply, state = returned_pair(out, self.method.label, job)
+            out = drive(work, lambda s: train_now(s, ctx))
+        reply, state = returned_pair(out, self.method, job)
         ctx.stats["client_seconds"] = time.perf_counter() - t0
         return ClientResult(reply, state, ctx.stats)
 
@@ -120,8 +122,7 @@ class ClientRuntime:
         if job.state is not None:
             return ctx, job.state
         with method_guard(self.method, "init_client", job.rnd, job.cid):
-            state = check_returned(self.method.init_client(ctx), dict, "the client state (a dict)", self.method,
-                                   "method", "init_client", job.rnd, job.cid)
+            state = returned(self.method, "init_client", self.method.init_client(ctx), job.rnd, job.cid)
         return ctx, to_device(state, ctx.run.device)
 
     def eval_models(self, msg: Message, state: State, ctx: ClientCtx) -> tuple[EvalSpec, Params | None, tuple]:
@@ -131,8 +132,7 @@ class ClientRuntime:
         hook = _eval_hook(self.method)
         with torch.enable_grad(), method_guard(self.method, hook, ctx.rnd, ctx.cid, ctx.model):
             spec = self.method.evaluate(msg, state, ctx)  # (methods may fine-tune or blend before evaluating)
-        if not isinstance(spec, EvalSpec):
-            returned_wrong(self.method, "method", hook, f"a {type(spec).__name__}, not an EvalSpec", ctx.rnd, ctx.cid)
+        returned(self.method, "evaluate", spec, ctx.rnd, ctx.cid)
         # a partial or misshapen model would be scored with the model's initial weights filling in (a spec with its
         # own forward may carry more, e.g. DBE's bias: that forward reads what it needs)
         bad = model_errors(spec.params, self.run.init_params) if spec.forward is None else []

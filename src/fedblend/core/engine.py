@@ -41,7 +41,7 @@ import torch
 
 from fedblend.common.codec import to_device
 from fedblend.common.errors import MessageError
-from fedblend.common.guard import check_returned, method_guard
+from fedblend.common.guard import method_guard
 from fedblend.common.rng import SeedTree
 from fedblend.core.backend import Backend
 from fedblend.core.backends import SequentialBackend
@@ -50,8 +50,8 @@ from fedblend.core.client import EVALUATE, ClientJob, ClientRuntime
 from fedblend.core.divergence import EVAL_LOSSES, LOSS_NAMES, DivergenceChecks, loss_alarms
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalProtocol, per_client_counts, summarise
 from fedblend.core.exchange import Exchanges
-from fedblend.core.message import Message
 from fedblend.core.method import ClientCtx, Method, RunInfo, ServerCtx, State, server_tree
+from fedblend.core.returns import returned
 from fedblend.core.round_metrics import RoundTally, round_metrics
 from fedblend.core.sampling import SamplingConfig, sample_clients
 from fedblend.core.state import DISK_SNAPSHOT, ClientStore, is_snapshot
@@ -121,8 +121,7 @@ class Simulation(Exchanges, DivergenceChecks):
                   store or ClientStore(), tree, backend=backend or SequentialBackend(), on_nonfinite=on_nonfinite,
                   on_divergence=on_divergence, divergence_factor=divergence_factor)
         with method_guard(method, "init_server"):
-            server = check_returned(method.init_server(sim.sctx(0)), dict, "the server state (a dict)", method,
-                                    "method", "init_server")
+            server = returned(method, "init_server", method.init_server(sim.sctx(0)))
         sim.server = to_device(sim._checked_server(server, "init_server", None), run.device)
         return sim
 
@@ -199,8 +198,8 @@ class Simulation(Exchanges, DivergenceChecks):
             jobs = []
             for cid in cids[lo : lo + EVAL_CHUNK]:
                 with method_guard(self.method, "configure_evaluate", t, cid):
-                    msg = check_returned(self.method.configure_evaluate(self.server, cid, sctx), Message, "a Message",
-                                         self.method, "method", "configure_evaluate", t, cid)
+                    msg = returned(self.method, "configure_evaluate", self.method.configure_evaluate(self.server, cid,
+                                                                                                      sctx), t, cid)
                 msg.config.update(config)
                 self._check_channels(msg, EVALUATE, cid, reply=False)
                 jobs.append(ClientJob(EVALUATE, cid, t, msg, self.store.get(cid)))

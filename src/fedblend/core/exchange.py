@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from fedblend.common.codec import to_device
 from fedblend.common.errors import MessageError
-from fedblend.common.guard import check_returned, method_guard, returned_wrong
+from fedblend.common.guard import method_guard, returned_wrong
 from fedblend.core.client import ClientJob, ClientResult
 from fedblend.core.divergence import nonfinite_origin
 from fedblend.core.message import Message, channel_errors, first_nonfinite_value
 from fedblend.core.method import BEFORE_AFTER, ServerCtx, State
 from fedblend.core.replies import check_is_message, check_reply, model_errors, reply_errors
+from fedblend.core.returns import returned
 from fedblend.core.round_metrics import RoundTally
 
 
@@ -98,10 +99,7 @@ class Exchanges:
     def _phases(self, t: int, sctx: ServerCtx) -> tuple[str, ...]:
         """The round's exchanges (``method.phases``), checked to be a non-empty sequence of phase names."""
         with method_guard(self.method, "phases", t):
-            phases = self.method.phases(sctx)
-            if not (isinstance(phases, (list, tuple)) and phases and all(isinstance(p, str) for p in phases)):
-                check_returned(phases, (), "a non-empty tuple of phase names", self.method, "method", "phases", t)
-        return phases
+            return returned(self.method, "phases", self.method.phases(sctx), t)
 
     def _exchange(self, phase: str, cids: list[int], t: int, sctx: ServerCtx, tally: RoundTally) -> dict[int, Message]:
         """One phase's messages to ``cids``, run on the backend; the accepted replies (checked, finite), whose
@@ -109,8 +107,8 @@ class Exchanges:
         msgs = {}
         for cid in cids:
             with method_guard(self.method, "configure", t, cid):
-                msgs[cid] = check_returned(self.method.configure(phase, self.server, cid, sctx), Message,
-                                           "a Message", self.method, "method", "configure", t, cid)
+                msgs[cid] = returned(self.method, "configure", self.method.configure(phase, self.server, cid, sctx), t,
+                                     cid)
         if self.protocol.before_after:
             for m in msgs.values():
                 m.config[BEFORE_AFTER] = self.protocol.split
@@ -144,8 +142,8 @@ class Exchanges:
         """The server half's ``aggregate`` of one phase's accepted replies (none: the server keeps its state)."""
         if replies:
             with method_guard(self.method, "aggregate", t):
-                server = check_returned(self.method.aggregate(phase, self.server, replies, sctx), dict,
-                                        "the new server state (a dict)", self.method, "method", "aggregate", t)
+                server = returned(self.method, "aggregate", self.method.aggregate(phase, self.server, replies, sctx),
+                                  t)
             self.server = to_device(self._checked_server(server, "aggregate", t), self.run_info.device)
 
     def _train_phases(self, t: int, sctx: ServerCtx, tally: RoundTally) -> None:

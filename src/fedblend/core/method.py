@@ -64,6 +64,7 @@ from fedblend.core.context import (  # noqa: F401  (importable from here)
 )
 from fedblend.core.evaluation import EvalSpec
 from fedblend.core.message import Message, comm_bytes
+from fedblend.core.returns import register, returned
 from fedblend.core.template import (  # noqa: F401  (helpers a method's hooks call, importable from here)
     BEFORE_AFTER,
     client_train,
@@ -112,13 +113,13 @@ class ServerHalf:
     def configure(self, phase: str, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The message of ``phase`` for client ``cid`` (``"train"``: :meth:`configure_train`)."""
         if phase == "train":
-            return self.configure_train(server, cid, sctx)
+            return returned(self, "configure_train", self.configure_train(server, cid, sctx), sctx.rnd, cid)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def aggregate(self, phase: str, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
         """The server state after ``phase``'s replies (``"train"``: :meth:`aggregate_train`)."""
         if phase == "train":
-            return self.aggregate_train(server, replies, sctx)
+            return returned(self, "aggregate_train", self.aggregate_train(server, replies, sctx), sctx.rnd)
         raise ValueError(f"{self.name} has no phase {phase!r}")
 
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
@@ -215,7 +216,7 @@ class ClientHalf:
         """The client's personalized model as an :class:`EvalSpec`: :meth:`eval_params` with the model's own
         forward pass; a method that classifies otherwise (FedProto's nearest prototype, DBE's bias) returns its
         own forward."""
-        return EvalSpec(self.eval_params(msg, cstate, ctx))
+        return EvalSpec(returned(self, "eval_params", self.eval_params(msg, cstate, ctx), ctx.rnd, ctx.cid))
 
 
 class _Pretrainable:
@@ -344,3 +345,6 @@ class Method(ServerHalf, ClientHalf):
         client. It asks the transforms (``ClientTransform.check_model``)."""
         for t in self.transforms:
             t.check_model(self, model)
+
+
+register(ServerHalf, ClientHalf, Method)  # what each hook returns, read from the signatures above

@@ -31,6 +31,7 @@ from fedblend.common.params import Params
 from fedblend.core.context import ClientCtx, ClientWork, RunInfo, State
 from fedblend.core.evaluation import EvalSpec, as_eval_spec, evaluate_params
 from fedblend.core.message import Message
+from fedblend.core.returns import returned, returned_result
 from fedblend.core.training import TrainResult, TrainSpec, merge_momentum, run_spec
 
 Method = Any  # a fedblend.core.method.Method (not imported: the method module imports this one)
@@ -39,18 +40,21 @@ BEFORE_AFTER = "before_after_split"  # message config key: score the model befor
 
 
 def client_train(method: Method, msg: Message, cstate: State, ctx: ClientCtx) -> ClientWork:
-    """The client half of a training exchange (module docstring): closed, varied only through the hooks."""
-    cstate = method.before_training(msg, cstate, ctx)
-    params = method.client_init(msg, cstate, ctx)
+    """The client half of a training exchange (module docstring): closed, varied only through the hooks, each
+    hook's value checked against its contract (:func:`~fedblend.core.returns.returned`)."""
+    rnd, cid = ctx.rnd, ctx.cid
+    cstate = returned(method, "before_training", method.before_training(msg, cstate, ctx), rnd, cid)
+    params = returned(method, "client_init", method.client_init(msg, cstate, ctx), rnd, cid)
     params, cstate = apply_transforms(method, params, cstate, ctx)
     score(method, "bp", params, msg, cstate, ctx)
-    res, cstate = yield from method.local_training(params, msg, cstate, ctx)
+    work = returned(method, "local_training", method.local_training(params, msg, cstate, ctx), rnd, cid)
+    res, cstate = returned_result(method, "local_training", (yield from work), rnd, cid)
     score(method, "ap", res.params, msg, cstate, ctx)
     if method.traits.keeps_model:
         cstate = {**cstate, "params": res.params}
     for t in method.transforms:
         cstate = t.after_train(method, res.params, cstate, ctx)
-    return method.reply(res, msg, cstate, ctx), cstate
+    return returned(method, "reply", method.reply(res, msg, cstate, ctx), rnd, cid), cstate
 
 
 def apply_transforms(method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
@@ -63,7 +67,8 @@ def apply_transforms(method: Method, params: Params, cstate: State, ctx: ClientC
 def score(method: Method, tag: str, params: Params, msg: Message, cstate: State, ctx: ClientCtx) -> None:
     """Score ``params`` as ``tag`` ("bp" / "ap") when the message asks for it, as the method's ``scored_params``."""
     if msg.config.get(BEFORE_AFTER):
-        score_before_after(tag, method.scored_params(params, msg, cstate, ctx), msg, ctx)
+        model = returned(method, "scored_params", method.scored_params(params, msg, cstate, ctx), ctx.rnd, ctx.cid)
+        score_before_after(tag, model, msg, ctx)
 
 
 @torch.no_grad()
@@ -86,7 +91,7 @@ def train_spec(method: Method, params: Params, msg: Message, cstate: State, ctx:
     the trainable tensors, a number of steps)."""
     keep = ctx.train.optimizer_state == "keep"
     spec = dict(params=params, momentum=cstate.get("momentum") if keep else None,
-                loss_terms=method.loss_terms(msg, params, cstate, ctx))
+                loss_terms=returned(method, "loss_terms", method.loss_terms(msg, params, cstate, ctx), ctx.rnd, ctx.cid))
     return TrainSpec(**{**spec, **kw})
 
 
@@ -122,12 +127,13 @@ def eval_params(method: Method, msg: Message, cstate: State, ctx: ClientCtx) -> 
     hook). A transform that blends the received model (ALA) replaces the method's choice by its own: it is then
     handed what ``client_init`` makes of the evaluation message, as training hands ``apply``. A method whose
     transforms do not change the model evaluated (``Traits.eval_transforms``: Ditto's v_k) is its own."""
-    if not method.traits.eval_transforms:
-        return method.personalized_params(msg, cstate, ctx)
-    if any(t.traits.requires_received for t in method.transforms):
-        params = method.client_init(msg, cstate, ctx)
+    if any(t.traits.requires_received for t in method.transforms) and method.traits.eval_transforms:
+        params = returned(method, "client_init", method.client_init(msg, cstate, ctx), ctx.rnd, ctx.cid)
     else:
-        params = method.personalized_params(msg, cstate, ctx)
+        params = returned(method, "personalized_params", method.personalized_params(msg, cstate, ctx), ctx.rnd,
+                          ctx.cid)
+    if not method.traits.eval_transforms:
+        return params
     for t in method.transforms:
         params = t.eval_params(method, msg, cstate, ctx, params)
     return params

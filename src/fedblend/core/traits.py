@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fedblend.core.returns import returned
+
 Method = Any  # a fedblend.core.method.Method (not imported: the method module imports this one)
 
 __all__ = ["LEGACY_DECLARATIONS", "TRAINED", "TRANSFORM_LEGACY", "TransformTraits", "Traits", "eval_choices",
@@ -128,7 +130,7 @@ def own_eval_models(method: Method) -> dict[str, str]:
     """The method's :meth:`~fedblend.core.method.Method.eval_models`; a plug-in's former ``eval_model`` class
     attribute describes its first choice, and its former ``evaluates_received_model`` names a single choice
     "received" or "trained" (as the default ``eval_models`` did)."""
-    own = dict(method.eval_models())
+    own = dict(returned(method, "eval_models", method.eval_models()))
     legacy = method._legacy
     if len(own) == 1 and "evaluates_received_model" in legacy:
         own = {"received" if legacy["evaluates_received_model"] else "trained": next(iter(own.values()))}
@@ -157,16 +159,13 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
     own = own_eval_models(method)
     if not own:
         raise TypeError(f"{type(method).__name__}.eval_models() offers no [eval] model")
-    method.traits = replace(method.declare(next(iter(own))), **legacy_traits(method))
+    method.traits = replace(returned(method, "declare", method.declare(next(iter(own)))), **legacy_traits(method))
     choices = eval_choices(method)
     choice = request or next(iter(choices))
     if choice not in choices:
         raise ValueError(f"{method.label}: eval.model = {choice!r} is not one of its choices: "
                          f"{', '.join(repr(c) for c in choices)}")
-    t = method.declare(choice)
-    if not isinstance(t, Traits):
-        raise TypeError(f"{type(method).__name__}.declare() returned a {type(t).__name__}, not Traits")
-    t = replace(t, **legacy_traits(method))
+    t = replace(returned(method, "declare", method.declare(choice)), **legacy_traits(method))
     if t.per_client_stats or t.eval_choice:
         raise TypeError(f"{type(method).__name__}.declare() sets per_client_stats or eval_choice, which are "
                         f"resolved from the transforms and the [eval] model, not declared")

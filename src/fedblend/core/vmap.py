@@ -35,7 +35,7 @@ from fedblend.common.guard import method_guard
 from fedblend.common.params import Params
 from fedblend.core.backend import Backend
 from fedblend.core.batched import TWINS, batched_sgd, scalar_args
-from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime, returned_pair
+from fedblend.core.client import EVALUATE, ClientJob, ClientResult, ClientRuntime, client_work, returned_pair
 from fedblend.core.evaluation import GLOBAL_PREFIX, EvalCounts, EvalSpec
 from fedblend.core.message import Message
 from fedblend.core.method import train_now
@@ -138,8 +138,7 @@ class VmapBackend(Backend):
                 continue
             t0 = time.perf_counter()
             ctx, state = self.runtime.begin(job)
-            with method_guard(self.method, "client_step", job.rnd, job.cid):
-                gen = self.method.client_step(job.phase, job.msg, state, ctx)
+            gen = client_work(self.method, job, state, ctx)
             self._advance(i, ctx, gen, None, time.perf_counter() - t0, live, out, first=True)
         while live:
             groups: dict[tuple, list[int]] = {}
@@ -219,6 +218,6 @@ class VmapBackend(Backend):
                 spec = next(gen) if first else gen.send(result)
             live[i] = (ctx, gen, spec, spent + time.perf_counter() - t0)
         except StopIteration as stop:
-            reply, state = returned_pair(stop.value, self.method.label, self._jobs[i])
+            reply, state = returned_pair(stop.value, self.method, self._jobs[i])
             ctx.stats["client_seconds"] = spent + time.perf_counter() - t0
             out[i] = ClientResult(reply, state, ctx.stats)
