@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from fedblend.algorithms.registry import TRANSFORMS
 from fedblend.cli.main import main
 from fedblend.common.errors import HookError
 from fedblend.core.backends import ProcessBackend
@@ -20,9 +21,10 @@ from fedblend.core.evaluation import EvalProtocol
 from fedblend.core.method import ClientHalf, Method, ServerHalf
 from fedblend.core.returns import WHAT, contracts, returned
 from fedblend.core.training import LossTerm
+from fedblend.core.transform import ClientTransform
 from fedblend.core.vmap import VmapBackend
 from tests.helpers import tiny_sim
-from tests.wrong_returns import WRONG, WrongReturn
+from tests.wrong_returns import WRONG, WRONG_TRANSFORM, WrongReturn, WrongTransform
 
 PLUGIN = "method plug-in 'wrong-return' (tests.wrong_returns:WrongReturn)"
 HOOKS = (*ServerHalf.HOOKS, *ClientHalf.HOOKS, *Method.HOOKS)
@@ -174,3 +176,26 @@ def test_a_none_from_the_plugins_own_helper_is_named_where_it_was_returned(tiny_
     with pytest.raises(HookError, match=r"own-call.*: own_model returned None \(a missing return\?\) .*, and "
                                         r"personalized_params failed on it: AttributeError"):
         tiny_sim(tiny_fed, OwnCall, rounds=1).run()
+
+
+class TestATransformsWrongTypeIsNamedAtItsHook:
+    """A client transform plug-in's hooks (``ClientTransform.HOOKS``) are checked as a method's are: the error
+    names the transform, the hook, what it returned and what it must return."""
+
+    TRANSFORM = "transform plug-in 'wrong-transform' (tests.wrong_returns:WrongTransform)"
+
+    def test_every_transform_hook_has_a_contract_and_a_wrong_value_tried(self):
+        assert set(contracts(transform=True)) == set(ClientTransform.HOOKS) == set(WRONG_TRANSFORM)
+        assert {getattr(ClientTransform, h).__annotations__["return"] for h in ClientTransform.HOOKS} <= set(WHAT)
+
+    @pytest.mark.parametrize("hook", ClientTransform.HOOKS)
+    def test_in_process(self, tiny_fed, hook, monkeypatch):
+        monkeypatch.setitem(TRANSFORMS, "wrong-transform", WrongTransform)
+        with pytest.raises(HookError) as err:
+            with tiny_sim(tiny_fed, "fedavg+wrong-transform", None, {"wrong-transform": {"hook": hook}},
+                          rounds=2) as sim:
+                sim.run()
+        want = contracts(transform=True)[hook].what
+        assert str(err.value).startswith(f"{self.TRANSFORM}: {hook} returned a {WRONG_TRANSFORM[hook][1]}, not "
+                                         f"{want} (")
+        assert (err.value.plugin, err.value.hook) == (self.TRANSFORM, hook)

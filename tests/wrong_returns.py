@@ -15,6 +15,7 @@ from fedblend.algorithms.fedavg import FedAvg
 from fedblend.core.evaluation import EvalSpec
 from fedblend.core.message import Message
 from fedblend.core.method import train_now, train_spec
+from fedblend.core.transform import ClientTransform
 
 #: hook -> (what it returns instead, given the right value and the hook's arguments; the type named as returned)
 WRONG = {
@@ -128,3 +129,47 @@ class WrongReturn(FedAvg):
 
     def evaluate(self, msg, cstate, ctx):
         return self._wrong("evaluate", super().evaluate(msg, cstate, ctx), ctx.rnd, ctx.cid)
+
+
+#: a client transform's hook -> (what it returns instead, given the right value; the type named as returned)
+WRONG_TRANSFORM = {
+    "declare": (lambda v: asdict(v), "dict"),  # the traits as a dict
+    "apply": (lambda v: v[0], "dict"),  # the parameters only, not (parameters, client state)
+    "after_train": (lambda v: (v, {}), "tuple"),  # (state, metrics)
+    "eval_params": (lambda v: EvalSpec(v), "EvalSpec"),
+    "eval_models": (lambda v: list(v), "list"),  # the choices' names only
+    "eval_description": (lambda v: {"trained": v}, "dict"),
+}
+
+
+@dataclass
+class WrongTransformOptions:
+    hook: str = ""
+
+
+class WrongTransform(ClientTransform):
+    """A client transform (changing nothing) whose ``options.hook`` returns :data:`WRONG_TRANSFORM`'s value."""
+
+    name = "wrong-transform"
+    options_cls = WrongTransformOptions
+
+    def _out(self, hook: str, value):
+        return WRONG_TRANSFORM[hook][0](value) if self.opts.hook == hook else value
+
+    def declare(self):
+        return self._out("declare", super().declare())
+
+    def apply(self, method, params, cstate, ctx):
+        return self._out("apply", (params, cstate))
+
+    def after_train(self, method, params, cstate, ctx):
+        return self._out("after_train", cstate)
+
+    def eval_params(self, method, msg, cstate, ctx, params):
+        return self._out("eval_params", params)
+
+    def eval_models(self, method, current):
+        return self._out("eval_models", current)
+
+    def eval_description(self, method, current):
+        return self._out("eval_description", current)

@@ -38,6 +38,9 @@ WHAT = {
     "Params | EvalSpec": "parameters (a dict of tensors) or an EvalSpec",
     "EvalSpec": "an EvalSpec",
     "Traits": "Traits",
+    "TransformTraits": "TransformTraits",
+    "tuple[Params, State]": "a tuple (parameters, client state)",
+    "str": "a str",
     "dict[str, str]": "a dict of [eval] model choices (name -> description)",
     "ClientWork": "a generator of TrainSpecs (a function that yields)",
     "Generator[TrainSpec, TrainResult, tuple[TrainResult, State]]": "a generator of TrainSpecs (a function that "
@@ -58,9 +61,13 @@ class Contract:
     items: tuple[type, ...] | None = None
     result: tuple[tuple[type, ...], ...] | None = None
     nonempty: bool = False
+    positions: tuple[tuple[type, ...], ...] | None = None  # a fixed-length tuple's, per position (``tuple[Params, State]``)
 
 
 _TABLE: dict[str, Contract] = {}
+#: a client transform's hooks (:class:`~fedblend.core.transform.ClientTransform`'s ``HOOKS``), checked by
+#: :func:`transform_returned`
+_TRANSFORM_TABLE: dict[str, Contract] = {}
 
 
 def register(server: type, client: type, method: type) -> None:
@@ -71,9 +78,17 @@ def register(server: type, client: type, method: type) -> None:
             _TABLE[hook] = _contract(method, hook, "server" if half is server else "client")
 
 
-def contracts() -> dict[str, Contract]:
-    """hook -> :class:`Contract`, for every hook of the method interface."""
-    return _TABLE
+def register_transform(transform: type) -> None:
+    """Read the contracts of a client transform's hooks (``transform.HOOKS``; :mod:`fedblend.core.transform`
+    registers :class:`~fedblend.core.transform.ClientTransform` where it defines it)."""
+    for hook in transform.HOOKS:
+        _TRANSFORM_TABLE[hook] = _contract(transform, hook, "client")
+
+
+def contracts(transform: bool = False) -> dict[str, Contract]:
+    """hook -> :class:`Contract`, for every hook of the method interface (``transform``: of a client
+    transform)."""
+    return _TRANSFORM_TABLE if transform else _TABLE
 
 
 def _contract(cls: type, hook: str, half: str) -> Contract:
@@ -84,6 +99,8 @@ def _contract(cls: type, hook: str, half: str) -> Contract:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is abc.Generator:
         return Contract((abc.Generator,), what, result=tuple(_classes(a) for a in typing.get_args(args[2])))
+    if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
+        return Contract((tuple,), what, positions=tuple(_classes(a) for a in args))
     items = _classes(args[0]) if origin in (tuple, abc.Sequence) and args else None
     return Contract(_classes(hint), what, items, nonempty=hook in NONEMPTY)
 
@@ -105,14 +122,28 @@ def returned(owner: Any, hook: str, value: Any, rnd: int | None = None, cid: int
     """``value``, what ``owner``'s ``hook`` returned (in round ``rnd``, 0-based, for client ``cid``), where it is
     what the hook must return (its :class:`Contract`); else the :class:`~fedblend.common.errors.HookError` that
     names the plug-in, the hook, the round, the client, what it returned and what it must return."""
-    c = _TABLE[hook]
-    if isinstance(value, c.types) and (c.items is None or _items_ok(value, c)):
+    return _checked(_TABLE[hook], "method", owner, hook, value, rnd, cid)
+
+
+def transform_returned(owner: Any, hook: str, value: Any, rnd: int | None = None, cid: int | None = None) -> Any:
+    """:func:`returned` for a client transform's hook (``apply``, ``after_train``, ``eval_params``,
+    ``eval_models``, ``eval_description``, ``declare``): the error names the transform."""
+    return _checked(_TRANSFORM_TABLE[hook], "transform", owner, hook, value, rnd, cid)
+
+
+def _checked(c: Contract, kind: str, owner: Any, hook: str, value: Any, rnd: int | None, cid: int | None) -> Any:
+    if isinstance(value, c.types) and (c.items is None or _items_ok(value, c)) and _positions_ok(value, c):
         return value
-    returned_wrong(owner, "method", hook, f"{_what(value, c)}, not {c.what}", rnd, cid)
+    returned_wrong(owner, kind, hook, f"{_what(value, c)}, not {c.what}", rnd, cid)
 
 
 def _items_ok(value: Any, c: Contract) -> bool:
     return (len(value) > 0 or not c.nonempty) and all(isinstance(v, c.items) for v in value)
+
+
+def _positions_ok(value: Any, c: Contract) -> bool:
+    return c.positions is None or (len(value) == len(c.positions)
+                                   and all(isinstance(v, p) for v, p in zip(value, c.positions)))
 
 
 def _what(value: Any, c: Contract | None = None) -> str:

@@ -31,7 +31,7 @@ from fedblend.common.params import Params
 from fedblend.core.context import ClientCtx, ClientWork, RunInfo, State
 from fedblend.core.evaluation import EvalSpec, as_eval_spec, evaluate_params
 from fedblend.core.message import Message
-from fedblend.core.returns import returned, returned_result
+from fedblend.core.returns import returned, returned_result, transform_returned
 from fedblend.core.training import TrainResult, TrainSpec, merge_momentum, run_spec
 
 Method = Any  # a fedblend.core.method.Method (not imported: the method module imports this one)
@@ -53,14 +53,14 @@ def client_train(method: Method, msg: Message, cstate: State, ctx: ClientCtx) ->
     if method.traits.keeps_model:
         cstate = {**cstate, "params": res.params}
     for t in method.transforms:
-        cstate = t.after_train(method, res.params, cstate, ctx)
+        cstate = transform_returned(t, "after_train", t.after_train(method, res.params, cstate, ctx), rnd, cid)
     return returned(method, "reply", method.reply(res, msg, cstate, ctx), rnd, cid), cstate
 
 
 def apply_transforms(method: Method, params: Params, cstate: State, ctx: ClientCtx) -> tuple[Params, State]:
     """The method's client transforms, in order, on the parameters the client trains from."""
     for t in method.transforms:
-        params, cstate = t.apply(method, params, cstate, ctx)
+        params, cstate = transform_returned(t, "apply", t.apply(method, params, cstate, ctx), ctx.rnd, ctx.cid)
     return params, cstate
 
 
@@ -135,7 +135,8 @@ def eval_params(method: Method, msg: Message, cstate: State, ctx: ClientCtx) -> 
     if not method.traits.eval_transforms:
         return params
     for t in method.transforms:
-        params = t.eval_params(method, msg, cstate, ctx, params)
+        params = transform_returned(t, "eval_params", t.eval_params(method, msg, cstate, ctx, params), ctx.rnd,
+                                    ctx.cid)
     return params
 
 

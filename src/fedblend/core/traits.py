@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fedblend.core.returns import returned
+from fedblend.core.returns import returned, transform_returned
 
 Method = Any  # a fedblend.core.method.Method (not imported: the method module imports this one)
 
@@ -146,7 +146,7 @@ def eval_choices(method: Method) -> dict[str, str]:
     choices = own_eval_models(method)
     if method.traits.eval_transforms:
         for t in method.transforms:
-            choices = dict(t.eval_models(method, choices))
+            choices = dict(transform_returned(t, "eval_models", t.eval_models(method, choices)))
     return choices
 
 
@@ -172,7 +172,7 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
     desc = choices[choice]
     if t.eval_transforms:
         for tr in method.transforms:
-            desc = tr.eval_description(method, desc)
+            desc = transform_returned(tr, "eval_description", tr.eval_description(method, desc))
     glob = t.global_model
     # a transform that blends the received model evaluates that blend from the evaluation message, which must
     # then carry the model (a method that evaluates its own model otherwise sends nothing)

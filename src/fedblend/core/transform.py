@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from fedblend.common.params import Params
 from fedblend.core.context import ClientCtx, State
 from fedblend.core.message import Message
+from fedblend.core.returns import register_transform, transform_returned
 from fedblend.core.traits import TRANSFORM_LEGACY, TransformTraits
 from fedblend.models.zoo import FedModel
 
@@ -37,6 +38,10 @@ class ClientTransform:
 
     name: ClassVar[str] = "transform"
     options_cls: ClassVar[type] = NoOptions
+    #: the hooks a transform overrides; what each returns is checked where fedblend receives it
+    #: (:func:`fedblend.core.returns.transform_returned`, read from these signatures)
+    HOOKS: ClassVar[tuple[str, ...]] = ("declare", "apply", "after_train", "eval_params", "eval_models",
+                                        "eval_description")
     _legacy: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any):
@@ -62,7 +67,7 @@ class ClientTransform:
     @property
     def traits(self) -> TransformTraits:
         """:meth:`declare`'s value (with a plug-in's former class attributes on top)."""
-        return replace(self.declare(), **self._legacy)
+        return replace(transform_returned(self, "declare", self.declare()), **self._legacy)
 
     @property
     def key(self) -> str:
@@ -93,3 +98,6 @@ class ClientTransform:
     def eval_description(self, method: Method, current: str) -> str:
         """What the personalized accuracy evaluates with this transform on (``current``: without it)."""
         return current
+
+
+register_transform(ClientTransform)  # what each hook returns, read from the signatures above
