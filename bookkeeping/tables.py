@@ -56,7 +56,11 @@ class Row:
     reads them under another table's results root (``results/t1``: a row whose runs are another table's runs of
     the same config and column, e.g. the ALA table's FedPHP host, which is T1's FedPHP row), so one run is
     committed once; ``columns`` (when not empty) names the only columns the row applies to, and its cell in
-    the others reads "n/a" (T4's transfer row: an agent pre-trained on another dataset than the column's)."""
+    the others reads "n/a" (T4's transfer row: an agent pre-trained on another dataset than the column's);
+    ``config`` (with ``{column}`` for the column) makes it a row of its own config, not the table's shared
+    settings: a method with the settings its authors give where the shared ones break it, which stands beside
+    that method's shared-setting row ``beside`` and is shown only once it has a run (:meth:`shown`), and whose
+    missing seeds ``left --commands`` runs from that config (:func:`recipe`)."""
 
     key: str
     label: str
@@ -65,9 +69,17 @@ class Row:
     folder: str | None = None
     root: str | None = None
     columns: tuple[str, ...] = ()
+    config: str | None = None
+    beside: str | None = None
 
     def applies(self, column: str) -> bool:
         return not self.columns or column in self.columns
+
+    def shown(self, table: Table, repo: Path) -> bool:
+        """Every row is shown, but a row of its own config (``config``) only once a column has a run of it
+        (finished or diverged): until then the table stays as its shared-setting rows give it."""
+        return not self.config or any(self.runs(table, c, repo, st) for c, _ in table.columns if self.applies(c)
+                                      for st in ("finished", "diverged"))
 
     @property
     def where(self) -> str:
@@ -100,11 +112,15 @@ T1 = Table("t1", "docs/benchmarks.md", "results/t1", (("pat", "pathological"), (
     Row("fedphp", "FedPHP", _paper(99.17, 95.33)),
     Row("fedamp", "FedAMP", _paper(99.26, 96.44)),
     Row("apple", "APPLE", _paper(99.06, 95.42)),
+    Row("apple-own", "APPLE (authors' settings: DR learning rate 0.001)", _paper(99.06, 95.42),
+        config="configs/benchmarks/t1-fmnist-{column}-apple-own.toml", beside="apple"),
     Row("fedala", "FedALA", _paper(99.33, 96.19)),
     Row("pfedhn", "pFedHN", _paper(99.29, 95.95)),
     Row("pfedla", "pFedLA", _paper(98.85, 95.30)),
     Row("fedpac", "FedPAC", _paper(99.41, 96.36)),
     Row("dbe", "DBE", _paper(99.20, 95.97)),
+    Row("dbe-own", "DBE (authors' settings: SGD without momentum)", _paper(99.20, 95.97), columns=("pat",),
+        config="configs/benchmarks/t1-fmnist-{column}-dbe-own.toml", beside="dbe"),
     Row("fedproto", "FedProto", _paper(99.31, 95.52)),
     Row("fedgh", "FedGH", _paper(99.32, 95.22)),
     Row("fedapa", "FedAPA", _paper(99.35, 96.71)),
@@ -282,7 +298,7 @@ def render_paired(table: Table, anchor: str, repo: Path = REPO, per_seed: bool =
     lines = ["| method | " + " | ".join(f"{label}: minus {base.label}" for _, label in table.columns) + " |",
              "|" + "---|" * (len(table.columns) + 1)]
     for row in table.rows:
-        if row.key == anchor:
+        if row.key == anchor or not row.shown(table, repo):
             continue
         cells = [paired_cell(row.runs(table, c, repo), base.runs(table, c, repo), row.metric, base.metric,
                              per_seed=per_seed) for c, _ in table.columns]
@@ -297,6 +313,8 @@ def render(table: Table, repo: Path = REPO) -> str:
         head += ["gain from ALA (points, paired by seed: mean [95 % interval])"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table.rows:
+        if not row.shown(table, repo):
+            continue
         cells = [row.label]
         for c, _ in table.columns:
             cells.append(cell(row.runs(table, c, repo), row.metric, row.paper.get(c), table.scale,
@@ -545,7 +563,8 @@ class Missing:
 def missing_runs(repo: Path = REPO) -> list[Missing]:
     """The rows of :data:`GOALS` that miss seeds (the missing seeds are the lowest ones the row lacks), with the
     minutes one run takes (:func:`run_minutes`: the row's runs, else the row's runs in the table's other columns,
-    else the median of its column's rows)."""
+    else, for a row of its own config, the runs of the shared-setting row it stands beside (the same method: in
+    the column, else in any), else the median of its column's rows)."""
     out = []
     for table, column, which, need in GOALS:
         rows = [r for r in table.rows if r.applies(column)]
@@ -561,7 +580,11 @@ def missing_runs(repo: Path = REPO) -> list[Missing]:
             if missing:
                 own = run_minutes(r.runs(table, column, repo))
                 elsewhere = run_minutes([x for c, _ in table.columns for x in r.runs(table, c, repo)])
-                cost = next((m for m in (own, elsewhere, float(np.median(costs)) if costs else None)
+                base = next((b for b in table.rows if b.key == r.beside), None)
+                beside = (None, None) if base is None else (
+                    run_minutes(base.runs(table, column, repo)),
+                    run_minutes([x for c, _ in table.columns for x in base.runs(table, c, repo)]))
+                cost = next((m for m in (own, elsewhere, *beside, float(np.median(costs)) if costs else None)
                              if m is not None), None)
                 out.append(Missing(table, column, r, have, missing, cost, own is not None, r.key in unclear))
     return out
@@ -605,8 +628,12 @@ def header_field(config: Path, key: str) -> str | None:
 
 def recipe(table: Table, column: str, key: str, repo: Path = REPO) -> tuple[str, list[str]] | None:
     """How a T4 row is run before any of its seeds exists in ``column``: a config under ``configs/`` (relative to
-    the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); None
-    for the other tables (every row of T1, T3 and the ALA table has a run to copy)."""
+    the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); a row
+    of its own config (``Row.config``, any table) is that config, as it is; None for the other rows of the other
+    tables (every shared-setting row of T1, T3 and the ALA table has a run to copy)."""
+    row = next((r for r in table.rows if r.key == key), None)
+    if row is not None and row.config:
+        return row.config.format(column=column), []
     if table.name not in ("t4", "t4-ablations") or column not in T4_PREFIX:
         return None
     prefix = T4_PREFIX[column]
@@ -643,7 +670,8 @@ def commands(repo: Path = REPO, out_root: str = "runs") -> list[str]:
     """The commands that produce what :func:`missing_runs` lists, one per line as ``MINUTES<TAB>COMMIT<TAB>
     COMMAND``: run each from a checkout of COMMIT (``HEAD``: this one). A seed of a row that has a run in the
     column repeats that run's ``config.toml`` (the resolved config, so the same code gives the same run but for
-    its seed); a row without one uses :func:`recipe` at the commit of the column's other runs. A pre-trained
+    its seed); a row without one uses :func:`recipe` at the commit of the column's other runs, or, for a row of
+    its own config (``Row.config``, a config newer than those runs), at ``HEAD``. A pre-trained
     agent that is not on disk is preceded by its pre-training (:func:`_agent_pretrain`). Rows read from another
     row's or table's runs (``folder`` / ``root``) are that row's runs, and get a comment line instead.
     Finished runs go back with :func:`collect_left` (``tables.py collect-left OUT_ROOT``)."""
@@ -664,9 +692,10 @@ def commands(repo: Path = REPO, out_root: str = "runs") -> list[str]:
                 continue
             config, sets = repo / how[0], how[1]
             column_runs = sorted((repo / m.table.root / m.column).glob("*/seed*/config.toml"))
-            commit = next((c for f in column_runs if (c := header_field(f, "git_commit"))), "HEAD")
+            commit = "HEAD" if m.row.config else next(
+                (c for f in column_runs if (c := header_field(f, "git_commit"))), "HEAD")
             cmd = f"fedblend run {how[0]}" + "".join(f" --set {s}" for s in sets)
-        pre = _agent_pretrain(config, repo)
+        pre = _agent_pretrain(config, repo) if config.is_file() else None  # a row's own config: named, not read
         if pre is not None and pre[2] not in pretrains:
             pretrains.add(pre[2])
             lines.append(pre[2] if pre[2].startswith("#") else

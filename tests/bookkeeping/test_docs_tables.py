@@ -414,3 +414,85 @@ def test_collect_left_records_the_sha256_of_the_agent_a_pretrained_run_loaded(ta
     with pytest.raises(SystemExit, match="agent file .* is gone"):
         tables.collect_left(base / "runs", tmp_path)
     assert not (tmp_path / "results/t4/fmnist-pat2/pfedrlla-pretrained/seed0").exists()  # not copied without it
+
+
+def test_an_authors_settings_row_stands_beside_its_shared_row_only_once_it_has_runs(tmp_path, tables):
+    """Issue #51: APPLE's and DBE's rows with their authors' settings (``Row.config``) are absent from T1 and
+    from T1 against FedAPA until a run of theirs exists (the committed tables do not move); with one, the row
+    follows its shared-setting row, labelled with the setting it changes, and a DBE row that applies to the
+    pathological column alone reads "n/a" in the other."""
+    _run(tmp_path, "results/t1/dir/apple", 0, method="apple", best_accuracy=0.8, rounds=2, status="diverged",
+         divergence={"round": 3})
+    _run(tmp_path, "results/t1/pat/apple", 0, method="apple", best_accuracy=0.99)
+    _run(tmp_path, "results/t1/pat/dbe", 0, method="dbe", best_accuracy=0.54)
+    _run(tmp_path, "results/t1/pat/fedapa", 0, method="fedapa", best_accuracy=0.993)
+    before = tables.render(tables.T1, tmp_path)
+    assert "authors' settings" not in before + tables.render_paired(tables.T1, "fedapa", tmp_path)
+    _run(tmp_path, "results/t1/dir/apple-own", 0, method="apple", best_accuracy=0.95)
+    _run(tmp_path, "results/t1/dir/apple-own", 1, method="apple", best_accuracy=0.3, rounds=9, status="diverged",
+         divergence={"round": 10})
+    _run(tmp_path, "results/t1/pat/dbe-own", 0, method="dbe", best_accuracy=0.98)
+    lines = tables.render(tables.T1, tmp_path).splitlines()
+    labels = [line.split(" | ")[0][2:] for line in lines[2:]]
+    assert labels[labels.index("APPLE") + 1] == "APPLE (authors' settings: DR learning rate 0.001)"
+    assert labels[labels.index("DBE") + 1] == "DBE (authors' settings: SGD without momentum)"
+    assert ("| APPLE (authors' settings: DR learning rate 0.001) | not run [99.06] | 95.00 (1 seed); diverged: "
+            "seed 1 (round 10) [95.42] |") in lines
+    assert "| APPLE | 99.00 (1 seed) [99.06] | diverged: seed 0 (round 3) [95.42] |" in lines  # unchanged
+    assert "| DBE (authors' settings: SGD without momentum) | 98.00 (1 seed) [99.20] | n/a |" in lines
+    assert [line for line in lines if "authors'" not in line] == before.splitlines()
+    paired = tables.render_paired(tables.T1, "fedapa", tmp_path)
+    assert "| DBE (authors' settings: SGD without momentum) | -1.30 (1 seed) | - |" in paired.splitlines()
+
+
+def test_a_diverged_run_alone_shows_an_authors_settings_row(tmp_path, tables):
+    """A row of its own config that only diverged is a result too: it is shown, naming the divergence."""
+    _run(tmp_path, "results/t1/pat/apple-own", 2, method="apple", best_accuracy=0.5, rounds=1, status="diverged",
+         divergence={"round": 2})
+    assert ("| APPLE (authors' settings: DR learning rate 0.001) | diverged: seed 2 (round 2) [99.06] | not run "
+            "[95.42] |") in tables.render(tables.T1, tmp_path).splitlines()
+
+
+def test_left_commands_run_an_authors_settings_row_from_its_config_at_head(tables, tmp_path):
+    """``left --commands``: an authors'-settings row without runs is run from its own config (the column filled
+    in) at HEAD, the commit that has that config, into ``OUT/t1/<column>/<row>/seed<S>`` where ``collect-left``
+    and the table look; its minutes are the shared-setting row's (same method), and the DBE row asks only for
+    the column it applies to."""
+    _run(tmp_path, "results/t1/pat/apple", 0, method="apple", best_accuracy=0.99, seconds_per_round=24, rounds=50)
+    col = _run(tmp_path, "results/t1/dir/fedala", 0, method="fedala", best_accuracy=0.97)
+    (col / "config.toml").write_text("# git_commit: ccc333\nseed = 0\n")
+    out = tables.commands(tmp_path, out_root="R")
+    own = [line.split("\t") for line in out if "-own/" in line]
+    assert ["20", "HEAD", "fedblend run configs/benchmarks/t1-fmnist-dir-apple-own.toml --set seed=1 "
+            "--out R/t1/dir/apple-own/seed1"] in own
+    assert ["20", "HEAD", "fedblend run configs/benchmarks/t1-fmnist-pat-apple-own.toml --set seed=0 "
+            "--out R/t1/pat/apple-own/seed0"] in own
+    assert sorted(r[2].split("--out ")[1] for r in own if "dbe-own" in r[2]) == [
+        f"R/t1/pat/dbe-own/seed{s}" for s in (0, 1, 2)]
+    assert len(own) == 9
+
+
+def test_authors_settings_configs_change_only_the_setting_their_row_names(tables):
+    """Each authors'-settings config is the T1 config its shared-setting row ran (``t1-fmnist-<column>-fedavg.toml``
+    with the method set) with one field changed, the one its label names (and its name): never tuned further."""
+    from fedblend.config import load_config
+
+    changed = {"apple-own": ("options.dr_lr", 0.01, 0.001), "dbe-own": ("train.momentum", 0.9, 0.0)}
+    checked = 0
+    for row in tables.T1.rows:
+        if not row.config:
+            continue
+        for column, _ in tables.T1.columns:
+            if not row.applies(column):
+                assert not (tables.REPO / row.config.format(column=column)).exists()
+                continue
+            own = load_config(tables.REPO / row.config.format(column=column))
+            shared = load_config(tables.REPO / f"configs/benchmarks/t1-fmnist-{column}-fedavg.toml",
+                                 [f"method={own.method}"])
+            new, old = _flat(own.resolved()), _flat(shared.resolved())
+            assert own.method == row.beside and set(new) == set(old)
+            diff = {k: (old[k], v) for k, v in new.items() if old[k] != v}
+            key, a, b = changed[row.key]
+            assert diff == {"name": (f"t1-fmnist-{column}-fedavg", f"t1-fmnist-{column}-{row.key}"), key: (a, b)}
+            checked += 1
+    assert checked == 3
