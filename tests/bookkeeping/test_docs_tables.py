@@ -434,10 +434,10 @@ def test_an_authors_settings_row_stands_beside_its_shared_row_only_once_it_has_r
     _run(tmp_path, "results/t1/pat/dbe-own", 0, method="dbe", best_accuracy=0.98)
     lines = tables.render(tables.T1, tmp_path).splitlines()
     labels = [line.split(" | ")[0][2:] for line in lines[2:]]
-    assert labels[labels.index("APPLE") + 1] == "APPLE (authors' settings: DR learning rate 0.001)"
+    assert labels[labels.index("APPLE") + 1] == "APPLE (authors' optimiser: SGD momentum 0.9, core lr 0.01, DR lr 0.001)"
     assert labels[labels.index("DBE") + 1] == "DBE (authors' settings: SGD without momentum)"
-    assert ("| APPLE (authors' settings: DR learning rate 0.001) | not run [99.06] | 95.00 (1 seed); diverged: "
-            "seed 1 (round 10) [95.42] |") in lines
+    assert ("| APPLE (authors' optimiser: SGD momentum 0.9, core lr 0.01, DR lr 0.001) | not run [99.06] | 95.00 "
+            "(1 seed); diverged: seed 1 (round 10) [95.42] |") in lines
     assert "| APPLE | 99.00 (1 seed) [99.06] | diverged: seed 0 (round 3) [95.42] |" in lines  # unchanged
     assert "| DBE (authors' settings: SGD without momentum) | 98.00 (1 seed) [99.20] | n/a |" in lines
     assert [line for line in lines if "authors'" not in line] == before.splitlines()
@@ -449,8 +449,8 @@ def test_a_diverged_run_alone_shows_an_authors_settings_row(tmp_path, tables):
     """A row of its own config that only diverged is a result too: it is shown, naming the divergence."""
     _run(tmp_path, "results/t1/pat/apple-own", 2, method="apple", best_accuracy=0.5, rounds=1, status="diverged",
          divergence={"round": 2})
-    assert ("| APPLE (authors' settings: DR learning rate 0.001) | diverged: seed 2 (round 2) [99.06] | not run "
-            "[95.42] |") in tables.render(tables.T1, tmp_path).splitlines()
+    assert ("| APPLE (authors' optimiser: SGD momentum 0.9, core lr 0.01, DR lr 0.001) | diverged: seed 2 (round 2) "
+            "[99.06] | not run [95.42] |") in tables.render(tables.T1, tmp_path).splitlines()
 
 
 def test_left_commands_run_an_authors_settings_row_from_its_config_at_head(tables, tmp_path):
@@ -474,10 +474,12 @@ def test_left_commands_run_an_authors_settings_row_from_its_config_at_head(table
 
 def test_authors_settings_configs_change_only_the_setting_their_row_names(tables):
     """Each authors'-settings config is the T1 config its shared-setting row ran (``t1-fmnist-<column>-fedavg.toml``
-    with the method set) with one field changed, the one its label names (and its name): never tuned further."""
+    with the method set) with only the fields its label names changed (and its name): never tuned further."""
     from fedblend.config import load_config
 
-    changed = {"apple-own": ("options.dr_lr", 0.01, 0.001), "dbe-own": ("train.momentum", 0.9, 0.0)}
+    changed = {"apple-own": {"options.dr_lr": (0.01, 0.001), "options.momentum": (0.0, 0.9),
+                             "options.core_lr_scale": (None, 1.0)},
+               "dbe-own": {"train.momentum": (0.9, 0.0)}}
     checked = 0
     for row in tables.T1.rows:
         if not row.config:
@@ -490,9 +492,9 @@ def test_authors_settings_configs_change_only_the_setting_their_row_names(tables
             shared = load_config(tables.REPO / f"configs/benchmarks/t1-fmnist-{column}-fedavg.toml",
                                  [f"method={own.method}"])
             new, old = _flat(own.resolved()), _flat(shared.resolved())
-            assert own.method == row.beside and set(new) == set(old)
-            diff = {k: (old[k], v) for k, v in new.items() if old[k] != v}
-            key, a, b = changed[row.key]
-            assert diff == {"name": (f"t1-fmnist-{column}-fedavg", f"t1-fmnist-{column}-{row.key}"), key: (a, b)}
+            assert own.method == row.beside and set(old) <= set(new)  # an option unset (None) there: absent
+            diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+            assert diff == {"name": (f"t1-fmnist-{column}-fedavg", f"t1-fmnist-{column}-{row.key}"),
+                            **changed[row.key]}
             checked += 1
     assert checked == 3

@@ -125,3 +125,32 @@ def test_apple_mixture_upload_sends_and_keeps_the_personalized_mixture(tiny_fed)
         res = run_client(sim, 1, train_message(sim, 1))
         assert same_state(res.reply.params(), res.state["core"])
         assert same_state(res.state["core"], res.state["params"]) is (upload == "mixture")
+
+
+def test_apple_step_with_momentum_is_torch_sgd_over_the_own_core_and_the_dr_vector(tiny_fed):
+    """``momentum`` (the APPLE authors' optimiser, ``train_APPLE.py``): three steps equal ``torch.optim.SGD`` with
+    that momentum, a core and a DR learning rate, on the own core and the DR vector with the prior's pull
+    ``lambda mu / 2 ||p - p0||^2`` in the loss; with momentum 0 the step is the plain one."""
+    from fedblend.algorithms.apple import stacked64
+
+    model, cores, own, _, _ = _three_cores(tiny_fed, seed=2, own_row=0, client=1)
+    dr, prior, data = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.3, 0.3, 0.4]), tiny_fed.clients[1]
+    own_t = {k: v.clone().requires_grad_(True) for k, v in own.items()}
+    p = dr.clone().requires_grad_(True)
+    opt = torch.optim.SGD([{"params": list(own_t.values())}, {"params": [p], "lr": 0.05}], lr=0.2, momentum=0.9)
+    a_own, a_dr, velocity, buffer = own, dr, {}, stacked64(cores)
+    for lo in (0, 8, 16):
+        x, y = data.train_x[lo : lo + 8], data.train_y[lo : lo + 8]
+        a_own, a_dr, _ = apple_step(model, a_own, 0, cores, a_dr, prior, x, y, 0.2, 0.05, 0.3, buffer,
+                                    momentum=0.9, velocity=velocity)
+        opt.zero_grad()
+        stacked = {k: torch.cat([own_t[k].unsqueeze(0), cores[k][1:]]) for k in own_t}
+        loss = F.cross_entropy(functional_call(model, mixture(p, stacked), (x,)), y) + 0.15 * ((p - prior) ** 2).sum()
+        loss.backward()
+        opt.step()
+    for k in own:
+        assert torch.allclose(a_own[k], own_t[k].detach(), atol=1e-6), k
+    assert torch.allclose(a_dr, p.detach(), atol=1e-6) and not torch.allclose(a_dr, dr)
+    plain = apple_step(model, own, 0, cores, dr, prior, x, y, 0.2, 0.05, 0.3)
+    first = apple_step(model, own, 0, cores, dr, prior, x, y, 0.2, 0.05, 0.3, momentum=0.9, velocity={})
+    assert all(torch.equal(plain[0][k], first[0][k]) for k in own) and torch.equal(plain[1], first[1])

@@ -23,9 +23,10 @@ Choices where the paper is silent (``docs/methods/apple.md``): the DR vector sta
 the prior uses the data sizes the server has learned from the replies (clients not heard from yet count with the
 mean known size, so the first prior is uniform); the core's learning rate is ``train.lr * core_lr_scale``
 (``None``: ``M``, as PFLlib, which offsets the ``p_ii ~ 1/M`` factor of its gradient); the core and DR updates are
-plain SGD (PFLlib's manual steps; ``train.momentum`` is not used); the personalized model evaluated is the
-mixture after the client's last step. Defaults ``eta2 = 0.01``, ``mu = 0.1``, ``L = 0.2`` (of the rounds):
-FedALA's tuned values (appendix).
+plain SGD (PFLlib's manual steps; ``train.momentum`` is not used; option ``momentum``: the authors' SGD with
+momentum, :mod:`fedblend.algorithms.apple.step`); the personalized model evaluated is the mixture after the
+client's last step. Defaults ``eta2 = 0.01``, ``mu = 0.1``, ``L = 0.2`` (of the rounds): FedALA's tuned values
+(appendix).
 
 Communication: down, every client's core (``M`` models: APPLE's known cost) and the prior; up, the own core.
 """
@@ -38,10 +39,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
-from fedblend.algorithms.parts.rows import aggregate_row
+from fedblend.algorithms.apple.step import apple_step, mixture, stacked64
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, stack_copies, with_rows
@@ -54,7 +53,7 @@ class APPLEOptions:
     """APPLE options; defaults are FedALA's tuned values (appendix) for the paper's hyperparameters."""
 
     CHOICES: ClassVar[dict] = {"schedule": ("cos", "linear"), "dr_grad": ("exact", "mean"), "upload": ("core", "mixture")}
-    RANGES: ClassVar[dict] = {"dr_lr": ">= 0", "mu": ">= 0", "L": "[0, 1]", "core_lr_scale": "> 0"}
+    RANGES: ClassVar[dict] = {"dr_lr": ">= 0", "mu": ">= 0", "L": "[0, 1]", "core_lr_scale": "> 0", "momentum": "[0, 1)"}
 
     dr_lr: float = opt(0.01, "eta2: learning rate of the DR vector")
     mu: float = opt(0.1, "weight of the proximal prior term")
@@ -65,6 +64,8 @@ class APPLEOptions:
                        "the mean over parameter tensors of the element-wise mean of dCE/dw_i x c_j")
     upload: str = opt("core", '"core": the client uploads its trained core (the paper); "mixture": its personalized '
                       "mixture, which is then also its own core next round (PFLlib's model_c)")
+    momentum: float = opt(0.0, "momentum of the SGD steps on the own core and the DR vector (torch.optim.SGD's, its "
+                          "buffers made anew each round); 0: plain steps (Eq. 3-4, PFLlib); the authors' code: 0.9")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -77,11 +78,6 @@ def prior_weight(rnd: int, decay_rounds: float, schedule: str = "cos") -> float:
     return 1.0 - rnd / decay_rounds
 
 
-def mixture(dr: torch.Tensor, cores: Mapping[str, torch.Tensor]) -> Params:
-    """Eq. 2: ``w = sum_j p_j c_j`` (``cores[name]`` stacked over clients)."""
-    return aggregate_row(dr, cores)
-
-
 def data_prior(sizes: torch.Tensor) -> torch.Tensor:
     """``p0_j = n_j / sum n``; clients with unknown size (0) count with the mean known size (uniform if none)."""
     sizes = sizes.to(torch.float64)
@@ -89,62 +85,6 @@ def data_prior(sizes: torch.Tensor) -> torch.Tensor:
     fill = sizes[known].mean() if bool(known.any()) else sizes.new_tensor(1.0)
     full = torch.where(known, sizes, fill)
     return full / full.sum()
-
-
-class _MixtureWithOwnRow(torch.autograd.Function):
-    """``sum_j p_j c_j`` (float64, as :func:`mixture`) where row ``cid`` of the stacked cores is the client's own
-    core: the other rows are a float64 buffer kept for the whole local training (only row ``cid`` is rewritten
-    each step), instead of re-stacking and converting every client's core for every batch. Forward and backward
-    run the same tensor operations as autograd through ``cat`` / ``to`` / ``mul`` / ``sum``, so results are equal
-    bit for bit (tested); the gradient of the full stacked tensor is never formed, only its row ``cid``."""
-
-    @staticmethod
-    def forward(ctx, p: torch.Tensor, own: torch.Tensor, buffer64: torch.Tensor, cid: int,
-                p_scale: float | None = None) -> torch.Tensor:
-        buffer64[cid].copy_(own.detach())
-        shape = (-1,) + (1,) * (buffer64.dim() - 1)
-        p64 = p.detach().to(torch.float64).view(shape)
-        ctx.save_for_backward(p64)
-        ctx.buffer64, ctx.cid, ctx.p_dtype, ctx.own_dtype, ctx.p_scale = buffer64, cid, p.dtype, own.dtype, p_scale
-        return (buffer64 * p64).sum(0).to(own.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (p64,) = ctx.saved_tensors
-        t64 = ctx.buffer64
-        g = grad_out.to(torch.float64).unsqueeze(0).expand_as(t64)
-        grad_p = (g * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1)
-        if ctx.p_scale is not None:  # dr_grad = "mean": this tensor's share of PFLlib's mean of element-wise means
-            grad_p = grad_p * ctx.p_scale
-        grad_own = (g[ctx.cid] * p64[ctx.cid]).to(ctx.own_dtype)
-        return grad_p.to(ctx.p_dtype), grad_own, None, None, None
-
-
-def stacked64(cores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The received cores in float64, the buffer :func:`apple_step` mixes from (row ``cid`` is overwritten)."""
-    return {k: v.detach().to(torch.float64) for k, v in cores.items()}
-
-
-def apple_step(model, own: Params, cid: int, cores: Mapping[str, torch.Tensor], dr: torch.Tensor,
-               prior: torch.Tensor, x: torch.Tensor, y: torch.Tensor, core_lr: float, dr_lr: float,
-               lam_mu: float, buffer64: dict[str, torch.Tensor] | None = None,
-               dr_grad: str = "exact") -> tuple[Params, torch.Tensor, float]:
-    """One APPLE mini-batch step (Eq. 3-5): gradients of the cross-entropy of the mixture w.r.t. the own core and
-    the DR vector, plus ``lam_mu (p - p0)`` on the DR vector. Returns the new core, DR vector and batch loss.
-    ``buffer64`` (:func:`stacked64` of ``cores``, reused across the steps of a local training) saves re-stacking
-    the cores per batch; without it one is built. ``dr_grad = "mean"`` replaces Eq. 5's inner product over all
-    parameters by PFLlib's mean over the ``T`` tensors of each tensor's element-wise mean (each tensor's sum
-    divided by ``numel * T``)."""
-    buffer64 = stacked64(cores) if buffer64 is None else buffer64
-    own_t = {k: v.detach().clone().requires_grad_(True) for k, v in own.items()}
-    p = dr.detach().clone().requires_grad_(True)
-    scale = {k: 1.0 / (v.numel() * len(own_t)) if dr_grad == "mean" else None for k, v in own_t.items()}
-    w = {k: _MixtureWithOwnRow.apply(p, own_t[k], buffer64[k], cid, scale[k]) for k in own_t}
-    loss = F.cross_entropy(functional_call(model, w, (x,)), y)
-    grads = torch.autograd.grad(loss, list(own_t.values()) + [p])
-    new_own = {k: (v - core_lr * g).detach() for (k, v), g in zip(own_t.items(), grads[:-1])}
-    new_dr = (p - dr_lr * (grads[-1] + lam_mu * (p - prior.to(p.dtype)))).detach()
-    return new_own, new_dr, float(loss.detach())
 
 
 def core_record(j: int) -> str:
@@ -222,10 +162,11 @@ class APPLE(Method):
         lam_mu = prior_weight(ctx.rnd, self.opts.L * ctx.run.rounds, self.opts.schedule) * self.opts.mu
         x, y = ctx.data.train_x, ctx.data.train_y
         total, seen, steps = 0.0, 0, 0
-        buffer64 = stacked64(cores)
+        buffer64, velocity = stacked64(cores), {}
         for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
-                                       self.opts.dr_lr, lam_mu, buffer64, self.opts.dr_grad)
+                                       self.opts.dr_lr, lam_mu, buffer64, self.opts.dr_grad, self.opts.momentum,
+                                       velocity)
             total += loss * len(idx)
             seen += len(idx)
             steps += 1
