@@ -41,3 +41,15 @@ def test_alpha_and_rounds_choose_the_replacement_settings(tmp_path):
     cfg = tomllib.loads(text)
     assert (cfg["partition"]["alpha"], cfg["rounds"], cfg["partition"]["pool_fraction"]) == (1.0, 50, 0.3)
     assert "Dir(1)" in text and "50 rounds" in text
+
+
+def test_dataset_and_lr_choose_the_mnist_settings(tmp_path):
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    assert mod.main(["--out", str(tmp_path), "--dataset", "mnist", "--pool", "0.15", "--alpha", "1.0",
+                     "--rounds", "50", "--lr", "0.05"]) == 0
+    text = (tmp_path / "fedrep.toml").read_text()
+    cfg = tomllib.loads(text)
+    first = tomllib.loads((ROOT / "configs" / "validation" / "fedrep.toml").read_text())
+    assert (cfg["dataset"], cfg["train"]["lr"], cfg["partition"]["pool_fraction"]) == ("mnist", 0.05, 0.15)
+    assert cfg["options"] == first["options"] and cfg["train"]["batch_size"] == 10
+    assert "MNIST, a 0.15 pool" in text and "SGD lr 0.05 " in text
