@@ -282,3 +282,24 @@ def subprocess_lock(d: Path) -> None:
                         "DirLock(sys.argv[1]).acquire()", str(d)], env=env(), capture_output=True, text=True)
     if r.returncode:
         raise RunLockedError(r.stderr.strip().splitlines()[-1])
+
+
+def test_sibling_runs_started_together_share_the_parent_one_of_them_makes(tmp_path, monkeypatch):
+    """Two runs into ``runs/x/a`` and ``runs/x/b`` started at once: both see ``runs/x`` missing, one makes it
+    first; the other must go on (not fail with "File exists") and must not count it as its own to remove."""
+    parent = tmp_path / "runs" / "x"
+    real_mkdir = Path.mkdir
+
+    def raced(self, *args, **kwargs):
+        if self == parent and not self.exists():
+            real_mkdir(self)  # the sibling run got there first
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", raced)
+    with DirLock(parent / "b") as lock:
+        assert lock.created == [tmp_path / "runs", parent / "b"]
+    assert parent.is_dir() and not (parent / "b").exists()  # the sibling's parent stays; our own folder goes
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(Path, "exists", lambda self: False if self.name == "file" else os.path.exists(self))
+    with pytest.raises(Exception, match="cannot create"):  # a file in the way is still an error
+        DirLock(tmp_path / "file" / "c").acquire()

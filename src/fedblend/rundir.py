@@ -207,7 +207,12 @@ class DirLock:
             p = p.parent
         try:
             for d in reversed(missing):
-                d.mkdir()
+                try:
+                    d.mkdir()
+                except FileExistsError:
+                    if not d.is_dir():
+                        raise
+                    continue  # made meanwhile by another run (siblings started together): not ours to remove
                 self.created.append(d)
         except OSError as exc:
             self._remove_created()
