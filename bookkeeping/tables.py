@@ -477,7 +477,22 @@ def render_validation(repo: Path = REPO) -> str:
     return "\n".join(lines)
 
 
+def _validation2():
+    """bookkeeping/validation2.py (not a package: loaded from its path, as the tests load this module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validation2", Path(__file__).with_name("validation2.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("validation2", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
+             "validation2-verdicts": ("docs/validation-2.md",
+                                      lambda repo=REPO: _validation2().render_verdicts(repo / "results" / "validation-2")),
+             "validation2-paired": ("docs/validation-2.md",
+                                    lambda repo=REPO: _validation2().render_paired(repo / "results" / "validation-2")),
              "t1-vs-fedapa": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T1, "fedapa", repo)),
              "t4-vs-pfedrlla": ("docs/benchmarks.md", lambda repo=REPO: render_paired(T4, "pfedrlla", repo, per_seed=True)),
              "t4-verdict": ("docs/benchmarks.md",

@@ -16,6 +16,9 @@ paired table (each method against Local and FedAvg-FT, paired by seed) is :func:
 95 % t-interval.
 
     python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
+
+``bookkeeping/tables.py`` writes both into docs/validation-2.md (blocks ``validation2-verdicts``,
+``validation2-paired``).
 """
 
 from __future__ import annotations
@@ -161,11 +164,63 @@ def verdict_rows(root: Path) -> list[str]:
     return rows
 
 
+VERDICT_HEAD = ("| method | runs (fedblend / reference) | d at the last round | rounds inside the band | vs Local (ours / "
+                "theirs) | vs FedAvg (ours / theirs) | verdict |\n|---|---|---|---|---|---|---|")
+PAIRED_HEAD = ("| method | seeds | final accuracy % (mean ± sd) | minus Local: mean [95 % interval] | minus FedAvg-FT: "
+               "mean [95 % interval] | against Local |\n|---|---|---|---|---|---|")
+ANCHORS = ("local", "fedavg-ft")
+
+
+def _interval(res: tuple[float, float, float, int]) -> str:
+    mean, low, high, _ = res
+    return f"{mean:+.2f}" + ("" if math.isnan(low) else f" [{low:+.2f}, {high:+.2f}]")
+
+
+def _against_local(res: tuple[float, float, float, int]) -> str:
+    """What the paired interval against Local says: a port that degrades to Local has one around zero."""
+    mean, low, high, n = res
+    if n < 2:
+        return f"{n} seed: no interval"
+    if low <= 0 <= high:
+        return "**not told apart from Local**"
+    return "above Local" if mean > 0 else "below Local"
+
+
+def paired_rows(root: Path) -> list[str]:
+    """One markdown row per method folder under ``root`` with finished fedblend runs (``<method>/fedblend/seed*``):
+    its final accuracy over seeds, and the paired differences (:func:`paired`) from Local and from FedAvg-FT
+    (``local/``, ``fedavg-ft/``, themselves without a row). Empty until both anchors have runs."""
+    anchors = {a: fedblend_curves(root / a / "fedblend") for a in ANCHORS}
+    if not all(anchors.values()):
+        return []
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in ANCHORS):
+        ours = fedblend_curves(folder / "fedblend")
+        if not ours:
+            continue
+        budget = budget_of([*ours.values(), *(c for a in anchors.values() for c in a.values())])
+        mean, sd = _mean_sd([final(c, budget) for c in ours.values()])
+        vs = [paired(ours, anchors[a], budget=budget) for a in ANCHORS]
+        rows.append(f"| {folder.name} | {len(ours)} | {mean:.2f} ± {sd:.2f} | {_interval(vs[0])} | {_interval(vs[1])} "
+                    f"| {_against_local(vs[0])} |")
+    return rows
+
+
+def render_verdicts(root: Path) -> str:
+    """The verdict table (rule 1 and 2) as docs/validation-2.md shows it."""
+    rows = verdict_rows(root) if root.exists() else []
+    return VERDICT_HEAD + ("\n" + "\n".join(rows) if rows else "")
+
+
+def render_paired(root: Path) -> str:
+    """The paired table (each method against Local and FedAvg-FT) as docs/validation-2.md shows it."""
+    rows = paired_rows(root) if root.exists() else []
+    return PAIRED_HEAD + ("\n" + "\n".join(rows) if rows else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     root = Path((argv or sys.argv[1:] or ["results/validation-2"])[0])
-    print("| method | runs (fedblend / reference) | d at the last round | rounds inside the band | vs Local (ours / "
-          "theirs) | vs FedAvg (ours / theirs) | verdict |\n|---|---|---|---|---|---|---|")
-    print("\n".join(verdict_rows(root)) if root.exists() else "")
+    print(render_verdicts(root) + "\n\n" + render_paired(root))
     return 0
 
 

@@ -96,3 +96,44 @@ def test_budget_of_refuses_runs_of_different_lengths(v2):
     assert v2.budget_of([_curve(80.0), _curve(81.0)]) == 20
     with pytest.raises(ValueError, match="different budgets"):
         v2.budget_of([_curve(80.0), {r: 80.0 for r in range(1, 51)}])
+
+
+def _runs(folder, levels, rounds=50):
+    for seed, level in enumerate(levels):
+        run = folder / "fedblend" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "finished"}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": level / 100}) + "\n"
+                                                   for r in range(1, rounds + 1)))
+
+
+def test_paired_rows_name_a_method_local_cannot_be_told_apart_from(v2, tmp_path):
+    _runs(tmp_path / "local", [80, 81, 82])
+    assert v2.paired_rows(tmp_path) == []  # FedAvg-FT has no runs yet: no table
+    _runs(tmp_path / "fedavg-ft", [90, 90, 90])
+    _runs(tmp_path / "fedrep", [88, 90, 89])  # +8, +9, +7 over Local
+    _runs(tmp_path / "apple", [79, 82, 82])  # -1, +1, 0: fell to Local
+    _runs(tmp_path / "ditto", [85])  # one seed so far
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in v2.paired_rows(tmp_path)}
+    assert set(rows) == {"apple", "ditto", "fedrep"}  # the anchors have no row of their own
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)
+    assert rows["fedrep"][:2] == ["3", "89.00 ± 1.00"]
+    assert rows["fedrep"][2] == f"+8.00 [{8 - half:+.2f}, {8 + half:+.2f}]" and rows["fedrep"][4] == "above Local"
+    assert rows["fedrep"][3].startswith("-1.00 [")
+    assert rows["apple"][4] == "**not told apart from Local**"
+    assert rows["ditto"][2:] == ["+5.00", "-5.00", "1 seed: no interval"]
+    assert v2.render_paired(tmp_path).count("\n") == 1 + 3
+
+
+def test_tables_writes_both_second_setting_blocks_into_its_doc(tmp_path):
+    tables = load_script("tables", "bookkeeping")
+    doc = tmp_path / "docs" / "validation-2.md"
+    doc.parent.mkdir()
+    doc.write_text("x\n<!-- table:validation2-paired -->\nold\n<!-- /table:validation2-paired -->\n"
+                   "<!-- table:validation2-verdicts -->\n<!-- /table:validation2-verdicts -->\n")
+    _runs(tmp_path / "results" / "validation-2" / "local", [80, 81, 82])
+    _runs(tmp_path / "results" / "validation-2" / "fedavg-ft", [90, 90, 90])
+    _runs(tmp_path / "results" / "validation-2" / "fedrep", [88, 90, 89])
+    new, changed = tables.regenerate(doc.read_text(), tmp_path)
+    assert sorted(changed) == ["validation2-paired", "validation2-verdicts"]
+    assert "| fedrep | 3 | 89.00 ± 1.00 | +8.00 [" in new and "| method | runs (fedblend / reference)" in new
