@@ -24,11 +24,12 @@ def test_committed_second_setting_configs_are_what_the_script_writes(tmp_path):
 def test_second_setting_replaces_the_setting_and_keeps_the_method_options():
     mod = load_script("make_validation2_configs", "bookkeeping")
     first = tomllib.loads((ROOT / "configs" / "validation" / "fedala.toml").read_text())
-    second = mod.second_setting(first, "fedala", 0.3)
-    assert second["options"] == first["options"] and second["model"] == "cnn4" and second["rounds"] == 20
+    second = mod.second_setting(first, "fedala")  # the admitted setting (docs/validation-2.md)
+    assert second["options"] == first["options"] and second["model"] == "cnn4" and second["rounds"] == 50
+    assert second["dataset"] == "mnist" and first["dataset"] == "fmnist"
     part = second["partition"]
-    assert (part["alpha"], part["num_clients"], part["pool_fraction"], part["rule"]) == (0.3, 50, 0.3, "pflib")
-    assert (second["train"]["lr"], second["train"]["batch_size"]) == (0.005, 10)
+    assert (part["alpha"], part["num_clients"], part["pool_fraction"], part["rule"]) == (1.0, 50, 0.15, "pflib")
+    assert (second["train"]["lr"], second["train"]["batch_size"]) == (0.05, 10)
     perfedavg = mod.second_setting(tomllib.loads((ROOT / "configs" / "validation" / "perfedavg.toml").read_text()),
                                    "perfedavg", 0.2)
     assert perfedavg["train"]["epochs"] == 2 and perfedavg["partition"]["pool_fraction"] == 0.2
@@ -36,11 +37,13 @@ def test_second_setting_replaces_the_setting_and_keeps_the_method_options():
 
 def test_alpha_and_rounds_choose_the_replacement_settings(tmp_path):
     mod = load_script("make_validation2_configs", "bookkeeping")
-    assert mod.main(["--out", str(tmp_path), "--alpha", "1.0", "--rounds", "50"]) == 0
+    assert mod.main(["--out", str(tmp_path), "--dataset", "fmnist", "--pool", "0.3", "--alpha", "0.5",
+                     "--rounds", "20", "--lr", "0.005"]) == 0  # pilot 1's setting
     text = (tmp_path / "fedala.toml").read_text()
     cfg = tomllib.loads(text)
-    assert (cfg["partition"]["alpha"], cfg["rounds"], cfg["partition"]["pool_fraction"]) == (1.0, 50, 0.3)
-    assert "Dir(1)" in text and "50 rounds" in text
+    assert (cfg["partition"]["alpha"], cfg["rounds"], cfg["partition"]["pool_fraction"]) == (0.5, 20, 0.3)
+    assert (cfg["dataset"], cfg["train"]["lr"]) == ("fmnist", 0.005)
+    assert "Dir(0.5)" in text and "20 rounds" in text and "Fashion-MNIST" in text
 
 
 def test_dataset_and_lr_choose_the_mnist_settings(tmp_path):
