@@ -115,23 +115,43 @@ def paired(method: Mapping[int, Curve], anchor: Mapping[int, Curve], level: floa
 
 
 # ------------------------------------------------------------------------------------------------ reading runs
+def _run_curve(run: Path, key: str) -> Curve | None:
+    """A finished run's ``{round: accuracy in %}`` of metric ``key`` (None for a run that did not finish)."""
+    if not (run / "summary.json").exists():
+        return None
+    if json.loads((run / "summary.json").read_text()).get("status") != "finished":
+        return None
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {m["round"]: 100 * m[key] for m in rows if m.get(key) is not None}
+
+
 def fedblend_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
-    """``{seed: curve}`` of the finished runs ``folder/seed*/`` (accuracy in %)."""
-    out = {}
-    for run in sorted(folder.glob("seed*")):
-        summary = json.loads((run / "summary.json").read_text())
-        if summary.get("status") != "finished":
-            continue
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        out[int(run.name.removeprefix("seed"))] = {m["round"]: 100 * m[key] for m in rows if key in m}
-    return out
+    """``{seed: curve}`` of the finished runs ``folder/seed*/`` (the second setting's layout; accuracy in %)."""
+    runs = {int(run.name.removeprefix("seed")): _run_curve(run, key) for run in sorted(folder.glob("seed*"))}
+    return {seed: c for seed, c in runs.items() if c is not None}
+
+
+def second_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
+    """``{seed: curve}`` of a method folder in the second setting's layout: ``<method>/fedblend/seed*/``."""
+    return fedblend_curves(folder / "fedblend", key)
+
+
+def first_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
+    """``{seed: curve}`` in the first setting's layout (docs/validation.md): ``fedblend/`` is seed 0 and
+    ``fedblend-seed1/``, ``fedblend-seed2/`` the other seeds, each run with the method's validation config."""
+    seeds = {p.name.removeprefix("fedblend-seed"): p for p in folder.glob("fedblend-seed*")}
+    runs = {0: folder / "fedblend", **{int(s): p for s, p in seeds.items() if s.isdigit()}}
+    curves = {seed: _run_curve(run, key) for seed, run in sorted(runs.items()) if run.is_dir()}
+    return {seed: c for seed, c in curves.items() if c is not None}
 
 
 def reference_curves(path: Path) -> list[Curve]:
     """The reference's runs from ``reference.json``: ``runs`` = one list of per-round accuracies (fractions,
-    round 1 first) per repetition."""
+    round 1 first) per repetition; a reference recorded before repetitions (the first setting's single run,
+    ``acc``) is one run."""
     ref = json.loads(path.read_text())
-    return [{i + 1: 100 * a for i, a in enumerate(run)} for run in ref["runs"]]
+    runs = ref["runs"] if "runs" in ref else ([ref["acc"]] if "acc" in ref else [])
+    return [{i + 1: 100 * a for i, a in enumerate(run)} for run in runs]
 
 
 def budget_of(curves: Sequence[Curve]) -> int:
@@ -143,24 +163,56 @@ def budget_of(curves: Sequence[Curve]) -> int:
     return lasts.pop()
 
 
-def verdict_rows(root: Path) -> list[str]:
-    """One markdown row per method folder under ``root`` that has both sides (``fedblend/seed*``,
-    ``reference.json``) and whose anchors (``local/``, ``fedavg/``) have both sides too; the window and the final
-    rounds follow the runs' budget (:func:`budget_of`)."""
-    anchors = {a: (list(fedblend_curves(root / a / "fedblend").values()), reference_curves(root / a / "reference.json"))
-               for a in ("local", "fedavg") if (root / a / "reference.json").exists()}
-    rows = []
+@dataclass(frozen=True)
+class Verdict:
+    """Rules 1 and 2 applied to one method of one setting."""
+    runs: tuple[int, int]  # (fedblend, reference)
+    curve: CurveAgreement
+    orders: tuple[tuple[float, float, bool], ...]  # against Local, against FedAvg: (ours, theirs, holds)
+
+    @property
+    def agrees(self) -> bool:
+        return self.curve.agrees and all(o[2] for o in self.orders)
+
+    @property
+    def word(self) -> str:
+        return "agrees" if self.agrees else "differs"
+
+
+def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
+    """The verdict of every method folder under ``root`` that has both sides (fedblend's runs as ``layout``
+    reads them, the reference's ``reference.json``), once the anchors (``local/``, ``fedavg/``) have both sides
+    too. fedblend's metric is the one ``reference.json`` names in ``fedblend_metric`` (default ``acc``: the
+    reference's curve measures that model); the window and the final rounds follow the runs' budget
+    (:func:`budget_of`)."""
+    def sides(folder: Path) -> tuple[list[Curve], list[Curve]]:
+        ref = folder / "reference.json"
+        key = json.loads(ref.read_text()).get("fedblend_metric", "acc")
+        return list(layout(folder, key).values()), reference_curves(ref)
+
+    if not all((root / a / "reference.json").exists() for a in ("local", "fedavg")):
+        return {}
+    anchors = [sides(root / a) for a in ("local", "fedavg")]
+    if not all(ours and theirs for ours, theirs in anchors):
+        return {}
+    out = {}
     for folder in sorted(p for p in root.iterdir() if (p / "reference.json").exists()):
-        ours, theirs = list(fedblend_curves(folder / "fedblend").values()), reference_curves(folder / "reference.json")
-        if not ours or len(anchors) < 2:
+        ours, theirs = sides(folder)
+        if not ours or not theirs:
             continue
-        budget = budget_of([*ours, *theirs, *(c for side in anchors.values() for runs in side for c in runs)])
-        c = curve_agreement(ours, theirs, budget)
-        orders = [same_ordering(ours, a_ours, theirs, a_theirs, budget) for a_ours, a_theirs in anchors.values()]
-        ok = c.agrees and all(o[2] for o in orders)
-        cells = [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in orders]
-        rows.append(f"| {folder.name} | {len(ours)} / {len(theirs)} | {c.d_last:+.2f} | {c.inside} of {c.of} "
-                    f"| {cells[0]} | {cells[1]} | **{'agrees' if ok else 'differs'}** |")
+        budget = budget_of([*ours, *theirs, *(c for side in anchors for runs in side for c in runs)])
+        orders = tuple(same_ordering(ours, a_ours, theirs, a_theirs, budget) for a_ours, a_theirs in anchors)
+        out[folder.name] = Verdict((len(ours), len(theirs)), curve_agreement(ours, theirs, budget), orders)
+    return out
+
+
+def verdict_rows(root: Path, layout=second_setting_curves) -> list[str]:
+    """One markdown row per method of :func:`verdicts`."""
+    rows = []
+    for name, v in verdicts(root, layout).items():
+        cells = [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in v.orders]
+        rows.append(f"| {name} | {v.runs[0]} / {v.runs[1]} | {v.curve.d_last:+.2f} | {v.curve.inside} of {v.curve.of} "
+                    f"| {cells[0]} | {cells[1]} | **{v.word}** |")
     return rows
 
 
@@ -216,6 +268,29 @@ def render_paired(root: Path) -> str:
     """The paired table (each method against Local and FedAvg-FT) as docs/validation-2.md shows it."""
     rows = paired_rows(root) if root.exists() else []
     return PAIRED_HEAD + ("\n" + "\n".join(rows) if rows else "")
+
+
+BOTH_HEAD = ("| method | first setting: runs (fedblend / reference) | rounds inside the band | verdict | second setting: "
+             "runs (fedblend / reference) | rounds inside the band | verdict |\n|---|---|---|---|---|---|---|")
+
+
+def render_both(first: Path, second: Path) -> str:
+    """Each baseline's verdict in both settings (docs/validation.md): the rule applied to ``first`` (the first
+    setting's layout, :func:`first_setting_curves`) and to ``second`` (:func:`second_setting_curves`); a method
+    with a ``reference.json`` in either setting has a row, "-" where a side's runs are not there yet."""
+    sets = [verdicts(first, first_setting_curves) if first.exists() else {},
+            verdicts(second) if second.exists() else {}]
+    names = sorted({p.name for root in (first, second) if root.exists() for p in root.iterdir()
+                    if (p / "reference.json").exists() and "status" not in json.loads((p / "reference.json").read_text())})
+    rows = []
+    for name in names:
+        cells = []
+        for vs in sets:
+            v = vs.get(name)
+            cells += (["-", "-", "-"] if v is None else
+                      [f"{v.runs[0]} / {v.runs[1]}", f"{v.curve.inside} of {v.curve.of}", f"**{v.word}**"])
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return BOTH_HEAD + ("\n" + "\n".join(rows) if rows else "")
 
 
 def main(argv: list[str] | None = None) -> int:

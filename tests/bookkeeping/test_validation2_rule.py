@@ -137,3 +137,42 @@ def test_tables_writes_both_second_setting_blocks_into_its_doc(tmp_path):
     new, changed = tables.regenerate(doc.read_text(), tmp_path)
     assert sorted(changed) == ["validation2-paired", "validation2-verdicts"]
     assert "| fedrep | 3 | 89.00 ± 1.00 | +8.00 [" in new and "| method | runs (fedblend / reference)" in new
+
+
+def _first_setting(folder, levels, ref_runs, key="acc"):
+    """A method folder in the first setting's layout: fedblend/ (seed 0), fedblend-seed1/, ...; reference.json
+    with a single ``acc`` curve (as committed before repetitions) or ``runs``."""
+    for seed, level in enumerate(levels):
+        run = folder / ("fedblend" if seed == 0 else f"fedblend-seed{seed}")
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "finished"}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, key: level / 100, "acc": 0.0}) + "\n"
+                                                   for r in range(1, 21)))
+    ref = {"acc": [ref_runs[0] / 100] * 20} if len(ref_runs) == 1 else {"runs": [[x / 100] * 20 for x in ref_runs]}
+    if key != "acc":
+        ref["fedblend_metric"] = key
+    (folder / "reference.json").write_text(json.dumps(ref))
+
+
+def test_first_setting_verdicts_read_its_layout_and_the_metric_the_reference_names(v2, tmp_path):
+    first = tmp_path / "validation"
+    _first_setting(first / "local", [80, 81, 82], [80, 81, 82])
+    _first_setting(first / "fedavg", [84, 85, 86], [85])  # a reference still at one run: counted as one
+    _first_setting(first / "pfedme", [88, 89, 90], [88, 89, 90], key="global_acc")  # its personalized acc is 0 here
+    (first / "fedavg" / "fedblend-seed2" / "summary.json").write_text(json.dumps({"status": "diverged"}))
+    (first / "partialfed").mkdir()
+    (first / "partialfed" / "reference.json").write_text(json.dumps({"status": "no public reference"}))
+    vs = v2.verdicts(first, v2.first_setting_curves)
+    assert vs["fedavg"].runs == (2, 1)  # the diverged seed is not a curve
+    assert vs["pfedme"].agrees and vs["pfedme"].curve.inside == 11  # read from global_acc, not acc
+    table = v2.render_both(first, tmp_path / "validation-2")  # no second setting yet
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()[2:]}
+    assert set(rows) == {"fedavg", "local", "pfedme"}  # partialfed: nothing to run side by side
+    assert rows["pfedme"] == ["3 / 3", "11 of 11", "**agrees**", "-", "-", "-"]
+    second = tmp_path / "validation-2"
+    for name, ours, theirs in (("local", 80, 80), ("fedavg", 90, 90), ("pfedme", 95, 85)):
+        _runs(second / name, [ours, ours + 1, ours + 2])
+        (second / name / "reference.json").write_text(json.dumps({"runs": [[(theirs + i) / 100] * 50 for i in range(3)]}))
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]]
+            for r in v2.render_both(first, second).splitlines()[2:]}
+    assert rows["pfedme"][3:] == ["3 / 3", "0 of 26", "**differs**"] and rows["local"][5] == "**agrees**"
