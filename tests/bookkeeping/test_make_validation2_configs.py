@@ -29,6 +29,7 @@ def test_second_setting_replaces_the_setting_and_keeps_the_method_options():
     assert second["dataset"] == "mnist" and first["dataset"] == "fmnist"
     part = second["partition"]
     assert (part["alpha"], part["num_clients"], part["pool_fraction"], part["rule"]) == (1.0, 50, 0.15, "pflib")
+    assert part["seed"] == 0  # every run seed on the one partition both sides read
     assert (second["train"]["lr"], second["train"]["batch_size"]) == (0.05, 10)
     perfedavg = mod.second_setting(tomllib.loads((ROOT / "configs" / "validation" / "perfedavg.toml").read_text()),
                                    "perfedavg", 0.2)

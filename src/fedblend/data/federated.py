@@ -54,7 +54,8 @@ class PartitionSpec:
                               "shards_per_client": "[1, 100000]", "samples_per_client": "[1, 1000000000]",
                               "min_samples": "[0, 1000000000]", "min_test_samples": "[0, 1000000000]",
                               "max_tries": "[1, 100000]", "train_fraction": "(0, 1)", "val_fraction": "(0, 1)",
-                              "test_per_client": "[1, 1000000000]", "pool_fraction": "(0, 1]"}
+                              "test_per_client": "[1, 1000000000]", "pool_fraction": "(0, 1]",
+                              "seed": "[0, 4294967295]"}
 
     #: ``iid``, ``dirichlet``, ``pathological``, ``shards``, ``one_class``, ``domains`` (every client's data from one
     #: domain of a multi-domain dataset, ``mnist_star``; split ``merge`` or ``train_val_test``); ``indices``: a partition
@@ -109,6 +110,10 @@ class PartitionSpec:
     #: on the same data in fedblend and, exported, in PFLlib (docs/validation.md); kinds drawn by fedblend, split
     #: ``merge`` / ``train_val_test`` only
     pool_fraction: float = 1.0
+    #: the seed the partition is drawn from (the pool subset, the draw, each client's split); unset: the run's
+    #: ``seed``. Set it to train several seeds on one partition (docs/validation-2.md: ``--set seed=S`` with
+    #: ``partition.seed = 0`` varies the initial model and the batches, not the clients' data)
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         """An unset ``train_fraction`` is the split's own: 0.65 for ``train_val_test`` (pFedRLLA's 65/15/20 with
@@ -127,6 +132,8 @@ class PartitionSpec:
             raise ConfigError(f"{where}.pool_fraction subsamples the merged pool before a partition is drawn: it "
                               f"needs a kind drawn by fedblend (not indices / flwr / domains) and split 'merge' or "
                               f"'train_val_test', got kind {self.kind!r}, split {self.split!r}")
+        if self.seed is not None and self.kind == "indices":
+            raise ConfigError(f"{where}.seed seeds a drawn partition; kind 'indices' reads one from {where}.path")
         if self.flwr_options is not None and self.kind != "flwr":
             raise ConfigError(f"{where}.flwr_options applies only to {where}.kind = 'flwr'")
         if self.split == "train_val_test" and self.train_fraction + self.val_fraction >= 1:
@@ -213,11 +220,12 @@ def dataset_info(raw: RawDataset) -> dict:
 
 def build_federated(raw: RawDataset, spec: PartitionSpec, seed: int,
                     indices: dict[str, list[list[int]]] | None = None, source: str = "indices") -> FederatedData:
-    """Partition ``raw`` per ``spec`` with randomness from ``seed`` (or reuse saved ``indices``, read from
-    ``source``: they are checked first, :func:`~fedblend.data.partition.check_indices`)."""
+    """Partition ``raw`` per ``spec`` with randomness from ``seed``, the run's, or ``spec.seed`` where set (or
+    reuse saved ``indices``, read from ``source``: they are checked first,
+    :func:`~fedblend.data.partition.check_indices`)."""
     if spec.split not in SPLITS:
         raise ValueError(f"partition.split must be one of {list(SPLITS)}, got {spec.split!r}")
-    tree = SeedTree(seed).child("partition")
+    tree = SeedTree(seed if spec.seed is None else spec.seed).child("partition")
     if spec.split == "official":
         pool_x, pool_y = raw.train_x, raw.train_y
     else:
