@@ -199,11 +199,20 @@ T2 = Table("t2", "docs/benchmarks.md", "results/t2", (("mnist", "MNIST"), ("fmni
     Row("fedalp-m3", "FedALP local, M = 3"),
 ))
 
+# T2's MNIST-CNN rows (issue #51): the same protocol with FedALP's MNIST-CNN (``cnn5``), 600 rounds; one config per
+# row and column, ``configs/benchmarks/t2-<column>-cnn5-<row>.toml`` (:func:`recipe`), one seed (about two hours a run).
+T2_CNN = Table("t2-cnn", "docs/benchmarks.md", "results/t2-cnn", (("mnist", "MNIST"), ("fmnist", "FMNIST")), (
+    Row("fedavg", "FedAvg", {"mnist": 92.55, "fmnist": 68.86}),
+    Row("fedalp-global", "FedALP global", {"mnist": 91.86, "fmnist": 65.01}, "global_best_accuracy", folder="fedalp"),
+    Row("fedalp", "FedALP local", {"mnist": 96.67, "fmnist": 79.67}),
+    Row("fedavg-iid", "FedAvg IID", {"mnist": 96.04, "fmnist": 80.99}),
+))
+
 #: the README's headline rows: T1's FedAvg, FedALA and FedAPA rows and its two references, from results/t1
 SUMMARY = Table("summary", "README.md", T1.root, T1.columns,
                 tuple(r for r in T1.rows if r.key in ("fedavg", "fedala", "fedapa", "fedavg-ft", "local")))
 
-TABLES = {t.name: t for t in (T1, T2, T3, ALA, T4, T4_ROUNDS, SUMMARY)}
+TABLES = {t.name: t for t in (T1, T2, T2_CNN, T3, ALA, T4, T4_ROUNDS, SUMMARY)}
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -515,6 +524,7 @@ GOALS = (
     (T4, "fmnist-pat2", None, 3), (T4, "mnist-domains", None, 1),
     (T4, "fmnist-dir0.1", "pfedrlla-and-best", 1),
     (T4_ABLATIONS, "fmnist-pat2", None, 1),
+    (T2_CNN, "mnist", None, 1), (T2_CNN, "fmnist", None, 1),
 )
 #: an ALA gain at least this large (points, the mean over the seeds both rows have) has a clear sign at one seed
 ALA_CLEAR = 1.0
@@ -646,11 +656,14 @@ def header_field(config: Path, key: str) -> str | None:
 def recipe(table: Table, column: str, key: str, repo: Path = REPO) -> tuple[str, list[str]] | None:
     """How a T4 row is run before any of its seeds exists in ``column``: a config under ``configs/`` (relative to
     the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); a row
-    of its own config (``Row.config``, any table) is that config, as it is; None for the other rows of the other
-    tables (every shared-setting row of T1, T3 and the ALA table has a run to copy)."""
+    of its own config (``Row.config``, any table) is that config, as it is; a T2 MNIST-CNN row its config
+    (:data:`T2_CNN`); None for the other rows of the other tables (every shared-setting row of T1, T3 and the ALA
+    table has a run to copy)."""
     row = next((r for r in table.rows if r.key == key), None)
     if row is not None and row.config:
         return row.config.format(column=column), []
+    if table.name == T2_CNN.name:
+        return f"configs/benchmarks/t2-{column}-cnn5-{key}.toml", []
     if table.name not in ("t4", "t4-ablations") or column not in T4_PREFIX:
         return None
     prefix = T4_PREFIX[column]
