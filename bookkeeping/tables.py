@@ -167,6 +167,13 @@ T4_ROUNDS = Table("t4-rounds", "docs/benchmarks.md", "results/t4", T4_COLUMNS,
                   tuple(Row(k, label, metric="rounds_to_target", columns=T4_ONLY.get(k, ())) for k, label in T4_ROWS),
                   scale=1.0, missing="target not reached", digits=1)
 
+# T4 at the paper's 500 rounds (issue #51): FMNIST pathological s = 2, each row's 100-round config
+# (``results/t4/fmnist-pat2/<row>/seed0/config.toml``) run to 500 rounds (:func:`recipe`), one seed; the rows the
+# paper's claim is about (pFedRLLA with and without its pre-trained agent) and the two best baselines at 100 rounds.
+T4_500_ROWS = ("fedavg-ft", "fedphp", "pfedrlla", "pfedrlla-pretrained")
+T4_500 = Table("t4-500", "docs/benchmarks.md", "results/t4-500", (("fmnist-pat2", "FMNIST pathological s = 2"),),
+               tuple(Row(k, label) for k, label in T4_ROWS if k in T4_500_ROWS))
+
 # T4's ablations (issue #25; pFedRLLA Table 2 / 7: which part the agent or the size weights aggregate; Table 5: one
 # reward weight at zero; Fig. 6: the embedding), FMNIST pathological s = 2 at the T4 budget. Runs are collected with
 # ``collect RUNS results/t4/ablations/fmnist-pat2 --row pfedrlla-<variant>``; "Both" is T4's pFedRLLA row.
@@ -340,6 +347,18 @@ def render(table: Table, repo: Path = REPO) -> str:
     return "\n".join(lines)
 
 
+def render_metrics(table: Table, column: str, repo: Path = REPO) -> str:
+    """One column of ``table``, a row per method and a cell per headline metric: best and final accuracy (%) and
+    rounds to the run's target (T4 at 500 rounds, where one table of best accuracies would hide how fast)."""
+    lines = ["| method | best % | final % | rounds to the target |", "|---|---|---|---|"]
+    for row in table.rows:
+        runs, diverged = row.runs(table, column, repo), row.runs(table, column, repo, "diverged")
+        cells = [cell(runs, "best_accuracy", None, diverged=diverged), cell(runs, "final_accuracy", None, diverged=diverged),
+                 cell(runs, "rounds_to_target", None, 1.0, "target not reached", diverged, 1)]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_verdict(table: Table, mine: tuple[str, ...], repo: Path = REPO) -> str:
     """Per column: the best of the ``mine`` rows (by the mean of its metric over seeds) against the best other row,
     and their difference paired by seed (:func:`paired_cell`). Issue #25's verdict per T4 column: is pFedRLLA
@@ -509,6 +528,9 @@ RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, 
              "t4-verdict": ("docs/benchmarks.md",
                             lambda repo=REPO: render_verdict(T4, T4_MINE, repo)),
              "t4-ablations": ("docs/benchmarks.md", lambda repo=REPO: render_ablation(T4_ABLATIONS, repo=repo)),
+             "t4-500": ("docs/benchmarks.md", lambda repo=REPO: render_metrics(T4_500, "fmnist-pat2", repo)),
+             "t4-500-vs-pfedrlla": ("docs/benchmarks.md",
+                                    lambda repo=REPO: render_paired(T4_500, "pfedrlla", repo, per_seed=True)),
              "validation": ("docs/validation.md", lambda repo=REPO: render_validation(repo))}
 
 
@@ -525,6 +547,7 @@ GOALS = (
     (T4, "fmnist-dir0.1", "pfedrlla-and-best", 1),
     (T4_ABLATIONS, "fmnist-pat2", None, 1),
     (T2_CNN, "mnist", None, 1), (T2_CNN, "fmnist", None, 1),
+    (T4_500, "fmnist-pat2", None, 1),
 )
 #: an ALA gain at least this large (points, the mean over the seeds both rows have) has a clear sign at one seed
 ALA_CLEAR = 1.0
@@ -657,13 +680,16 @@ def recipe(table: Table, column: str, key: str, repo: Path = REPO) -> tuple[str,
     """How a T4 row is run before any of its seeds exists in ``column``: a config under ``configs/`` (relative to
     the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); a row
     of its own config (``Row.config``, any table) is that config, as it is; a T2 MNIST-CNN row its config
-    (:data:`T2_CNN`); None for the other rows of the other tables (every shared-setting row of T1, T3 and the ALA
+    (:data:`T2_CNN`); a 500-round T4 row its 100-round run's config with 500 rounds (:data:`T4_500`); None for the other rows of the other tables (every shared-setting row of T1, T3 and the ALA
     table has a run to copy)."""
     row = next((r for r in table.rows if r.key == key), None)
     if row is not None and row.config:
         return row.config.format(column=column), []
     if table.name == T2_CNN.name:
         return f"configs/benchmarks/t2-{column}-cnn5-{key}.toml", []
+    if table.name == T4_500.name:
+        hundred = f"results/t4/{column}/{key}/seed0/config.toml"
+        return (hundred, ["rounds=500", f"name=t4-500-{column}-{key}"]) if (repo / hundred).exists() else None
     if table.name not in ("t4", "t4-ablations") or column not in T4_PREFIX:
         return None
     prefix = T4_PREFIX[column]
