@@ -680,7 +680,8 @@ def recipe(table: Table, column: str, key: str, repo: Path = REPO) -> tuple[str,
     """How a T4 row is run before any of its seeds exists in ``column``: a config under ``configs/`` (relative to
     the repository) and its ``--set`` overrides (:data:`T4_PREFIX`, :data:`T4_BUDGET`, :data:`T4_DERIVED`); a row
     of its own config (``Row.config``, any table) is that config, as it is; a T2 MNIST-CNN row its config
-    (:data:`T2_CNN`); a 500-round T4 row its 100-round run's config with 500 rounds (:data:`T4_500`); None for the other rows of the other tables (every shared-setting row of T1, T3 and the ALA
+    (:data:`T2_CNN`); a 500-round T4 row its 100-round run's config with 500 rounds (:data:`T4_500`);
+    None for the other rows of the other tables (every shared-setting row of T1, T3 and the ALA
     table has a run to copy)."""
     row = next((r for r in table.rows if r.key == key), None)
     if row is not None and row.config:

@@ -322,10 +322,16 @@ def test_left_commands_repeat_a_rows_run_config_pretrain_a_missing_agent_and_use
     pretrain = [i for i, r in enumerate(rows) if r[2].startswith("fedblend pretrain")]
     assert len(pretrain) == 1 and rows[pretrain[0]] == [
         "50", "bbb222", f"fedblend pretrain {agent_run / 'config.toml'} --out agents/a.pt"]
-    mine = [r for r in rows if "/pfedrlla-pretrained/" in r[2] and "fmnist-pat2" in r[2]]
+    mine = [r for r in rows if "R/t4/fmnist-pat2/pfedrlla-pretrained/" in r[2]]
     assert mine == [["20", "aaa111", f"fedblend run {pre / 'config.toml'} --set seed={s} "
                      f"--out R/t4/fmnist-pat2/pfedrlla-pretrained/seed{s}"] for s in (1, 2)]
     assert pretrain[0] < rows.index(mine[0])
+    five_hundred = [r for r in rows if "R/t4-500/fmnist-pat2/pfedrlla-pretrained/" in r[2]]  # the 100-round config
+    assert [r[2] for r in five_hundred] == [  # run to 500 rounds, after its agent's pre-training
+        "fedblend run results/t4/fmnist-pat2/pfedrlla-pretrained/seed0/config.toml --set rounds=500 --set "
+        "name=t4-500-fmnist-pat2-pfedrlla-pretrained --set seed=0 --out R/t4-500/fmnist-pat2/pfedrlla-pretrained/seed0"]
+    assert pretrain[0] < rows.index(five_hundred[0])
+    assert not any("R/t4-500/fmnist-pat2/fedphp/" in r[2] for r in rows)  # no 100-round run: no recipe
     ditto = next(r for r in rows if "R/t4/mnist-domains/ditto/" in r[2])
     assert ditto[1] == "ccc333" and ditto[2] == (
         "fedblend run configs/t4/t4-mnist_star-domains-fedavg.toml --set rounds=100 --set eval.every=10 "
