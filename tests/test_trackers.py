@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,14 @@ def test_mlflow_local_store_holds_every_metrics_row_and_a_resumed_run_continues_
     from fedblend.tracking import read_mlflow
 
     run = tmp_path / "run"
+    before = time.time() * 1000
     run_experiment(load_config(None, [*TINY, "log.mlflow=true"]), run)
+    after = time.time() * 1000
     rid = (run / ".mlflow_run").read_text().strip()
     _assert_holds_every_row(read_mlflow(_mlflow_uri(run), rid), _rows(run))
+    stamps = [m.timestamp for key in ("acc", "best_accuracy")
+              for m in MlflowClient(_mlflow_uri(run)).get_metric_history(rid, key)]
+    assert stamps and all(before <= t <= after for t in stamps)  # when logged (MLflow's wall-time axis), not 1970
     info = MlflowClient(_mlflow_uri(run)).get_run(rid)
     assert info.data.params["method"] == "fedavg" and info.data.params["partition.num_clients"] == "4"
     assert info.data.tags["fedblend.config_hash"] == json.loads((run / "summary.json").read_text())["config_hash"]

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import time
 from pathlib import Path
 
 from fedblend.common.jsonio import dotted_keys
@@ -173,8 +174,8 @@ class MLflowLog:
             return
         from mlflow.entities import Metric
 
-        step = int(m["round"])
-        metrics = [Metric(k, v, 0, step) for k, v in scalar_row(m).items()]
+        step, now = int(m["round"]), _now_ms()
+        metrics = [Metric(k, v, now, step) for k, v in scalar_row(m).items()]
         for i in range(0, len(metrics), 500):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 500])
         self.logged = step
@@ -185,8 +186,8 @@ class MLflowLog:
         if summary is not None:
             from mlflow.entities import Metric
 
-            step = int(summary.get("rounds") or 0)
-            nums = [Metric(k, float(summary[k]), 0, step) for k in ("best_accuracy", "final_accuracy", "best_round")
+            step, now = int(summary.get("rounds") or 0), _now_ms()
+            nums = [Metric(k, float(summary[k]), now, step) for k in ("best_accuracy", "final_accuracy", "best_round")
                     if isinstance(summary.get(k), (int, float)) and not isinstance(summary.get(k), bool)
                     and math.isfinite(summary[k])]
             self.client.log_batch(self.run_id, metrics=nums)
@@ -215,3 +216,9 @@ def read_mlflow(uri: str, run_id: str) -> dict[str, dict[int, float]]:
     client = mlflow_client()(uri)
     keys = client.get_run(run_id).data.metrics
     return {k: {h.step: h.value for h in client.get_metric_history(run_id, k)} for k in keys}
+
+
+def _now_ms() -> int:
+    """A metric's MLflow timestamp: when it was logged, in milliseconds (what ``mlflow.log_metric`` records; 0 put
+    every point at 1970 on MLflow's wall-time axis)."""
+    return int(time.time() * 1000)
