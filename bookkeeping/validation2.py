@@ -16,6 +16,7 @@ paired table (each method against Local and FedAvg-FT, paired by seed) is :func:
 95 % t-interval.
 
     python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
+    python bookkeeping/validation2.py collect CAMPAIGN/runs    # finished runs of both settings into results/
 
 ``bookkeeping/tables.py`` writes both into docs/validation-2.md (blocks ``validation2-verdicts``,
 ``validation2-paired``).
@@ -293,8 +294,44 @@ def render_both(first: Path, second: Path) -> str:
     return BOTH_HEAD + ("\n" + "\n".join(rows) if rows else "")
 
 
+# ------------------------------------------------------------------------------------------------ collecting runs
+RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")
+
+
+def collect(runs: Path, results: Path) -> tuple[list[Path], list[Path]]:
+    """Copy the finished fedblend runs of both settings from a campaign's ``runs`` folder into ``results``, each
+    into its setting's layout: ``runs/validation-2/<method>/seed<S>/`` -> ``validation-2/<method>/fedblend/seed<S>/``
+    and ``runs/validation/<method>/seed<S>/`` -> ``validation/<method>/fedblend/`` (seed 0) or
+    ``fedblend-seed<S>/`` (:func:`first_setting_curves`). A run already in ``results`` is left as it is (returned
+    second); one that did not finish is not copied."""
+    import shutil
+
+    copied, kept = [], []
+    for setting, target in (("validation-2", lambda m, s: results / "validation-2" / m / "fedblend" / f"seed{s}"),
+                            ("validation", lambda m, s: results / "validation" / m / (
+                                "fedblend" if s == 0 else f"fedblend-seed{s}"))):
+        for run in sorted((runs / setting).glob("*/seed*")):
+            seed = run.name.removeprefix("seed")
+            if not seed.isdigit() or not run.is_dir() or _run_curve(run, "acc") is None:
+                continue
+            out = target(run.parent.name, int(seed))
+            if out.exists():
+                kept.append(out)
+                continue
+            out.mkdir(parents=True)
+            for f in RUN_FILES:
+                shutil.copy2(run / f, out / f)
+            copied.append(out)
+    return copied, kept
+
+
 def main(argv: list[str] | None = None) -> int:
-    root = Path((argv or sys.argv[1:] or ["results/validation-2"])[0])
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["collect"]:  # validation2.py collect RUNS [RESULTS]
+        copied, kept = collect(Path(args[1]), Path(args[2] if len(args) > 2 else "results"))
+        print("\n".join([*map(str, copied), *(f"{p}: already there, left as it is" for p in kept)]))
+        return 0
+    root = Path((args or ["results/validation-2"])[0])
     print(render_verdicts(root) + "\n\n" + render_paired(root))
     return 0
 

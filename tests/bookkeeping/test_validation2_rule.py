@@ -176,3 +176,27 @@ def test_first_setting_verdicts_read_its_layout_and_the_metric_the_reference_nam
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]]
             for r in v2.render_both(first, second).splitlines()[2:]}
     assert rows["pfedme"][3:] == ["3 / 3", "0 of 26", "**differs**"] and rows["local"][5] == "**agrees**"
+
+
+def test_collect_puts_each_settings_finished_runs_into_its_layout(v2, tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+
+    def run(path, status="finished"):
+        path.mkdir(parents=True)
+        (path / "summary.json").write_text(json.dumps({"status": status}))
+        (path / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc": 0.5}) + "\n")
+        (path / "config.toml").write_text(f"# {path.name}\n")
+        (path / "checkpoint.pt").write_bytes(b"x")  # not a result: never copied
+
+    run(runs / "validation-2" / "fedrep" / "seed1")
+    run(runs / "validation-2" / "fedrep" / "seed2", status="running")  # cut: not a result yet
+    run(runs / "validation" / "ditto" / "seed0")
+    run(runs / "validation" / "ditto" / "seed2")
+    (results / "validation" / "ditto" / "fedblend").mkdir(parents=True)  # committed seed 0: kept
+    copied, kept = v2.collect(runs, results)
+    assert sorted(p.relative_to(results).as_posix() for p in copied) == [
+        "validation-2/fedrep/fedblend/seed1", "validation/ditto/fedblend-seed2"]
+    assert kept == [results / "validation" / "ditto" / "fedblend"]
+    assert sorted(p.name for p in (results / "validation-2/fedrep/fedblend/seed1").iterdir()) == [
+        "config.toml", "metrics.jsonl", "summary.json"]
+    assert v2.first_setting_curves(results / "validation" / "ditto") == {2: {1: 50.0}}  # empty seed-0 folder: no run
