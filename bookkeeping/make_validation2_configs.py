@@ -28,6 +28,9 @@ SETTING = {
     "sampling": {"scheme": "fixed", "join_ratio": 1.0},
 }
 DATASETS = {"fmnist": "Fashion-MNIST", "mnist": "MNIST"}
+#: options the first setting derived from its client count by the reference's formula, derived again for 50 clients:
+#: pFedHN's embedding size, FL-bench's int((1 + N) / 4) (5 at 20 clients, 12 at 50; configs/validation/pfedhn.toml)
+PER_CLIENTS = {"pfedhn": {"embed_dim": lambda n: int((1 + n) / 4)}}
 HEADER = ("# The second validation setting (docs/validation-2.md, issue #51): {dataset}, a {pool:g} pool, "
           "Dir({alpha:g})\n# over 50 clients (PFLlib's rule), cnn4, SGD lr {lr:g} (PFLlib's default: 0.005), "
           "batch 10,\n# drop_last, 1 local "
@@ -53,6 +56,8 @@ def second_setting(cfg: dict, method: str, pool: float = 0.15, alpha: float = 1.
     out["partition"]["pool_fraction"] = pool
     out["partition"]["alpha"] = alpha
     out["train"]["lr"] = lr
+    for name, rule in PER_CLIENTS.get(method, {}).items():
+        out["options"] = {**out.get("options", {}), name: rule(out["partition"]["num_clients"])}
     return out
 
 
@@ -73,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         if method != src:
             cfg.pop("options", None)
         setting = second_setting(cfg, method, a.pool, a.alpha, a.rounds, a.dataset, a.lr)
+        derived = "".join(f"# options.{k} = {setting['options'][k]}: the reference's formula at 50 clients, as the first "
+                          f"setting's at 20.\n" for k in PER_CLIENTS.get(method, {}))
         text = HEADER.format(dataset=DATASETS[a.dataset], pool=a.pool, alpha=a.alpha, rounds=a.rounds, lr=a.lr,
-                             src=src) + tomli_w.dumps(setting)
+                             src=src) + derived + tomli_w.dumps(setting)
         (a.out / f"{method}.toml").write_text(text)
     print(f"{len(plan)} configs in {a.out}")
     return 0

@@ -57,3 +57,13 @@ def test_dataset_and_lr_choose_the_mnist_settings(tmp_path):
     assert (cfg["dataset"], cfg["train"]["lr"], cfg["partition"]["pool_fraction"]) == ("mnist", 0.05, 0.15)
     assert cfg["options"] == first["options"] and cfg["train"]["batch_size"] == 10
     assert "MNIST, a 0.15 pool" in text and "SGD lr 0.05 " in text
+
+
+def test_an_option_the_first_setting_derived_from_its_client_count_is_derived_again():
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    first = tomllib.loads((ROOT / "configs" / "validation" / "pfedhn.toml").read_text())
+    second = mod.second_setting(first, "pfedhn")
+    assert first["options"]["embed_dim"] == int((1 + 20) / 4) == 5  # FL-bench's default at the first setting's 20
+    assert second["options"]["embed_dim"] == int((1 + 50) / 4) == 12  # ... and at the second setting's 50 clients
+    assert {k: v for k, v in second["options"].items() if k != "embed_dim"} == \
+        {k: v for k, v in first["options"].items() if k != "embed_dim"}
