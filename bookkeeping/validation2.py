@@ -239,23 +239,42 @@ def _against_local(res: tuple[float, float, float, int]) -> str:
     return "above Local" if mean > 0 else "below Local"
 
 
+def diverged_seeds(folder: Path) -> dict[int, int | None]:
+    """``{seed: round}`` of the runs under ``folder/seed*/`` that the divergence check stopped (a result, named in
+    the tables, never averaged)."""
+    out = {}
+    for run in sorted(folder.glob("seed*")):
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+        if summary.get("status") == "diverged" and run.name.removeprefix("seed").isdigit():
+            out[int(run.name.removeprefix("seed"))] = (summary.get("divergence") or {}).get("round")
+    return out
+
+
+def _diverged_note(diverged: dict[int, int | None]) -> str:
+    return "; ".join(f"seed {s} diverged (round {r})" for s, r in sorted(diverged.items()))
+
+
 def paired_rows(root: Path) -> list[str]:
     """One markdown row per method folder under ``root`` with finished fedblend runs (``<method>/fedblend/seed*``):
     its final accuracy over seeds, and the paired differences (:func:`paired`) from Local and from FedAvg-FT
-    (``local/``, ``fedavg-ft/``, themselves without a row). Empty until both anchors have runs."""
+    (``local/``, ``fedavg-ft/``, themselves without a row); diverged seeds are named, never averaged (a method
+    whose every run diverged has a row that says so). Empty until both anchors have runs."""
     anchors = {a: fedblend_curves(root / a / "fedblend") for a in ANCHORS}
     if not all(anchors.values()):
         return []
     rows = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in ANCHORS):
-        ours = fedblend_curves(folder / "fedblend")
+        ours, diverged = fedblend_curves(folder / "fedblend"), diverged_seeds(folder / "fedblend")
         if not ours:
+            if diverged:
+                rows.append(f"| {folder.name} | 0 | - | - | - | {_diverged_note(diverged)} |")
             continue
         budget = budget_of([*ours.values(), *(c for a in anchors.values() for c in a.values())])
         mean, sd = _mean_sd([final(c, budget) for c in ours.values()])
         vs = [paired(ours, anchors[a], budget=budget) for a in ANCHORS]
+        note = "; ".join(x for x in (_against_local(vs[0]), _diverged_note(diverged)) if x)
         rows.append(f"| {folder.name} | {len(ours)} | {mean:.2f} ± {sd:.2f} | {_interval(vs[0])} | {_interval(vs[1])} "
-                    f"| {_against_local(vs[0])} |")
+                    f"| {note} |")
     return rows
 
 
@@ -303,7 +322,7 @@ def collect(runs: Path, results: Path) -> tuple[list[Path], list[Path]]:
     into its setting's layout: ``runs/validation-2/<method>/seed<S>/`` -> ``validation-2/<method>/fedblend/seed<S>/``
     and ``runs/validation/<method>/seed<S>/`` -> ``validation/<method>/fedblend/`` (seed 0) or
     ``fedblend-seed<S>/`` (:func:`first_setting_curves`). A run already in ``results`` is left as it is (returned
-    second); one that did not finish is not copied."""
+    second); one still running or cut is not copied, one the divergence check stopped is (a result)."""
     import shutil
 
     copied, kept = [], []
@@ -312,7 +331,8 @@ def collect(runs: Path, results: Path) -> tuple[list[Path], list[Path]]:
                                 "fedblend" if s == 0 else f"fedblend-seed{s}"))):
         for run in sorted((runs / setting).glob("*/seed*")):
             seed = run.name.removeprefix("seed")
-            if not seed.isdigit() or not run.is_dir() or _run_curve(run, "acc") is None:
+            status = json.loads((run / "summary.json").read_text()).get("status") if (run / "summary.json").exists() else None
+            if not seed.isdigit() or not run.is_dir() or status not in ("finished", "diverged"):
                 continue
             out = target(run.parent.name, int(seed))
             if out.exists():

@@ -190,13 +190,29 @@ def test_collect_puts_each_settings_finished_runs_into_its_layout(v2, tmp_path):
 
     run(runs / "validation-2" / "fedrep" / "seed1")
     run(runs / "validation-2" / "fedrep" / "seed2", status="running")  # cut: not a result yet
+    run(runs / "validation-2" / "apple" / "seed0", status="diverged")  # stopped by the divergence check: a result
     run(runs / "validation" / "ditto" / "seed0")
     run(runs / "validation" / "ditto" / "seed2")
     (results / "validation" / "ditto" / "fedblend").mkdir(parents=True)  # committed seed 0: kept
     copied, kept = v2.collect(runs, results)
     assert sorted(p.relative_to(results).as_posix() for p in copied) == [
-        "validation-2/fedrep/fedblend/seed1", "validation/ditto/fedblend-seed2"]
+        "validation-2/apple/fedblend/seed0", "validation-2/fedrep/fedblend/seed1", "validation/ditto/fedblend-seed2"]
     assert kept == [results / "validation" / "ditto" / "fedblend"]
     assert sorted(p.name for p in (results / "validation-2/fedrep/fedblend/seed1").iterdir()) == [
         "config.toml", "metrics.jsonl", "summary.json"]
     assert v2.first_setting_curves(results / "validation" / "ditto") == {2: {1: 50.0}}  # empty seed-0 folder: no run
+
+
+def test_paired_rows_name_diverged_seeds_and_never_average_them(v2, tmp_path):
+    _runs(tmp_path / "local", [80, 81, 82])
+    _runs(tmp_path / "fedavg-ft", [90, 90, 90])
+    _runs(tmp_path / "ditto", [88, 89])
+    for folder, seed in ((tmp_path / "ditto", 2), (tmp_path / "apple", 0)):
+        run = folder / "fedblend" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "diverged", "divergence": {"round": 1}}))
+        (run / "metrics.jsonl").write_text("")
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in v2.paired_rows(tmp_path)}
+    assert rows["apple"] == ["0", "-", "-", "-", "seed 0 diverged (round 1)"]
+    assert rows["ditto"][:2] == ["2", "88.50 ± 0.71"]  # seeds 0-1 only
+    assert rows["ditto"][4].endswith("; seed 2 diverged (round 1)")
