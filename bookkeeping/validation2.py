@@ -10,6 +10,12 @@ repetitions, same form). The rule:
    ``|d(r)| <= 2 se(r) + FLOOR`` at at least the same share of those rounds as 9 of 11 (rounded up).
 2. **Ordering**: for each anchor (Local, FedAvg), the method's final accuracy minus the anchor's has the same sign
    on both sides, or lies within :data:`TIE` points of zero on at least one side.
+3. **Divergence** (stated in session 31, after fedblend's first second-setting APPLE run diverged and before any
+   other diverged): a run *diverged* when fedblend's divergence check stopped it (``summary.json`` status
+   ``diverged``) or, for a reference run, when a loss it recorded is not finite (``runs_nonfinite_loss`` in
+   ``reference.json``). A side *diverges* when more than half of its runs diverged. Both sides diverge: **agrees
+   (both diverge)**; one side: **differs** (naming that side); neither: rules 1 and 2 over the runs that did not
+   diverge (a diverged run is counted and named, never averaged).
 
 "Final accuracy": the mean over the budget's last three rounds (:data:`FINAL`, rounds 18-20, at 20 rounds). The
 paired table (each method against Local and FedAvg-FT, paired by seed) is :func:`paired`: mean difference and its
@@ -147,12 +153,19 @@ def first_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
 
 
 def reference_curves(path: Path) -> list[Curve]:
-    """The reference's runs from ``reference.json``: ``runs`` = one list of per-round accuracies (fractions,
-    round 1 first) per repetition; a reference recorded before repetitions (the first setting's single run,
-    ``acc``) is one run."""
+    """The reference's runs from ``reference.json`` that did not diverge (:func:`reference_diverged`): ``runs`` = one
+    list of per-round accuracies (fractions, round 1 first) per repetition; a reference recorded before
+    repetitions (the first setting's single run, ``acc``) is one run."""
     ref = json.loads(path.read_text())
     runs = ref["runs"] if "runs" in ref else ([ref["acc"]] if "acc" in ref else [])
-    return [{i + 1: 100 * a for i, a in enumerate(run)} for run in runs]
+    bad = ref.get("runs_nonfinite_loss") or [False] * len(runs)
+    return [{i + 1: 100 * a for i, a in enumerate(run)} for run, b in zip(runs, bad, strict=True) if not b]
+
+
+def reference_diverged(path: Path) -> int:
+    """How many of the reference's runs diverged: a loss they recorded is not finite (``runs_nonfinite_loss``,
+    written by the reference collector; absent: none was seen)."""
+    return sum(bool(b) for b in json.loads(path.read_text()).get("runs_nonfinite_loss") or [])
 
 
 def budget_of(curves: Sequence[Curve]) -> int:
@@ -166,18 +179,39 @@ def budget_of(curves: Sequence[Curve]) -> int:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Rules 1 and 2 applied to one method of one setting."""
-    runs: tuple[int, int]  # (fedblend, reference)
-    curve: CurveAgreement
-    orders: tuple[tuple[float, float, bool], ...]  # against Local, against FedAvg: (ours, theirs, holds)
+    """Rules 1-3 applied to one method of one setting; ``curve`` and ``orders`` are None when a side diverges."""
+    runs: tuple[int, int]  # (fedblend, reference): every run, diverged ones included
+    curve: CurveAgreement | None
+    orders: tuple[tuple[float, float, bool], ...] | None  # against Local, against FedAvg: (ours, theirs, holds)
+    diverged: tuple[int, int] = (0, 0)  # (fedblend, reference) runs that diverged
+
+    @property
+    def diverges(self) -> tuple[bool, bool]:
+        """Rule 3: whether more than half of each side's runs diverged."""
+        return self.diverged[0] * 2 > self.runs[0], self.diverged[1] * 2 > self.runs[1]
 
     @property
     def agrees(self) -> bool:
+        if any(self.diverges):
+            return all(self.diverges)
         return self.curve.agrees and all(o[2] for o in self.orders)
 
     @property
     def word(self) -> str:
+        ours, theirs = self.diverges
+        if ours or theirs:
+            return {(True, True): "agrees (both diverge)", (True, False): "differs (fedblend diverges)",
+                    (False, True): "differs (the reference diverges)"}[(ours, theirs)]
         return "agrees" if self.agrees else "differs"
+
+    @property
+    def runs_cell(self) -> str:
+        """``fedblend / reference`` run counts, with the diverged ones named."""
+        return " / ".join(f"{n}" + (f" ({d} diverged)" if d else "") for n, d in zip(self.runs, self.diverged))
+
+    @property
+    def inside_cell(self) -> str:
+        return "-" if self.curve is None else f"{self.curve.inside} of {self.curve.of}"
 
 
 def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
@@ -185,7 +219,8 @@ def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
     reads them, the reference's ``reference.json``), once the anchors (``local/``, ``fedavg/``) have both sides
     too. fedblend's metric is the one ``reference.json`` names in ``fedblend_metric`` (default ``acc``: the
     reference's curve measures that model); the window and the final rounds follow the runs' budget
-    (:func:`budget_of`)."""
+    (:func:`budget_of`); diverged runs follow rule 3 (``layout`` names its diverged-run reader,
+    :data:`DIVERGED`)."""
     def sides(folder: Path) -> tuple[list[Curve], list[Curve]]:
         ref = folder / "reference.json"
         key = json.loads(ref.read_text()).get("fedblend_metric", "acc")
@@ -199,11 +234,16 @@ def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
     out = {}
     for folder in sorted(p for p in root.iterdir() if (p / "reference.json").exists()):
         ours, theirs = sides(folder)
-        if not ours or not theirs:
+        diverged = (len(DIVERGED[layout](folder)), reference_diverged(folder / "reference.json"))
+        runs = (len(ours) + diverged[0], len(theirs) + diverged[1])
+        if not runs[0] or not runs[1]:
             continue
-        budget = budget_of([*ours, *theirs, *(c for side in anchors for runs in side for c in runs)])
-        orders = tuple(same_ordering(ours, a_ours, theirs, a_theirs, budget) for a_ours, a_theirs in anchors)
-        out[folder.name] = Verdict((len(ours), len(theirs)), curve_agreement(ours, theirs, budget), orders)
+        verdict = Verdict(runs, None, None, diverged)
+        if not any(verdict.diverges):
+            budget = budget_of([*ours, *theirs, *(c for side in anchors for runs in side for c in runs)])
+            orders = tuple(same_ordering(ours, a_ours, theirs, a_theirs, budget) for a_ours, a_theirs in anchors)
+            verdict = Verdict(runs, curve_agreement(ours, theirs, budget), orders, diverged)
+        out[folder.name] = verdict
     return out
 
 
@@ -211,9 +251,9 @@ def verdict_rows(root: Path, layout=second_setting_curves) -> list[str]:
     """One markdown row per method of :func:`verdicts`."""
     rows = []
     for name, v in verdicts(root, layout).items():
-        cells = [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in v.orders]
-        rows.append(f"| {name} | {v.runs[0]} / {v.runs[1]} | {v.curve.d_last:+.2f} | {v.curve.inside} of {v.curve.of} "
-                    f"| {cells[0]} | {cells[1]} | **{v.word}** |")
+        cells = ["-", "-"] if v.orders is None else [f"{o[0]:+.2f} / {o[1]:+.2f}" for o in v.orders]
+        d_last = "-" if v.curve is None else f"{v.curve.d_last:+.2f}"
+        rows.append(f"| {name} | {v.runs_cell} | {d_last} | {v.inside_cell} | {cells[0]} | {cells[1]} | **{v.word}** |")
     return rows
 
 
@@ -248,6 +288,22 @@ def diverged_seeds(folder: Path) -> dict[int, int | None]:
         if summary.get("status") == "diverged" and run.name.removeprefix("seed").isdigit():
             out[int(run.name.removeprefix("seed"))] = (summary.get("divergence") or {}).get("round")
     return out
+
+
+def first_setting_diverged(folder: Path) -> dict[int, int | None]:
+    """:func:`diverged_seeds` in the first setting's layout (``fedblend/`` seed 0, ``fedblend-seed<S>/``)."""
+    runs = {0: folder / "fedblend", **{int(p.name.removeprefix("fedblend-seed")): p
+                                       for p in folder.glob("fedblend-seed*") if p.name.removeprefix("fedblend-seed").isdigit()}}
+    out = {}
+    for seed, run in sorted(runs.items()):
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+        if summary.get("status") == "diverged":
+            out[seed] = (summary.get("divergence") or {}).get("round")
+    return out
+
+
+DIVERGED = {second_setting_curves: lambda folder: diverged_seeds(folder / "fedblend"),
+            first_setting_curves: first_setting_diverged}
 
 
 def _diverged_note(diverged: dict[int, int | None]) -> str:
@@ -307,8 +363,7 @@ def render_both(first: Path, second: Path) -> str:
         cells = []
         for vs in sets:
             v = vs.get(name)
-            cells += (["-", "-", "-"] if v is None else
-                      [f"{v.runs[0]} / {v.runs[1]}", f"{v.curve.inside} of {v.curve.of}", f"**{v.word}**"])
+            cells += ["-", "-", "-"] if v is None else [v.runs_cell, v.inside_cell, f"**{v.word}**"]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return BOTH_HEAD + ("\n" + "\n".join(rows) if rows else "")
 

@@ -163,7 +163,8 @@ def test_first_setting_verdicts_read_its_layout_and_the_metric_the_reference_nam
     (first / "partialfed").mkdir()
     (first / "partialfed" / "reference.json").write_text(json.dumps({"status": "no public reference"}))
     vs = v2.verdicts(first, v2.first_setting_curves)
-    assert vs["fedavg"].runs == (2, 1)  # the diverged seed is not a curve
+    assert vs["fedavg"].runs == (3, 1) and vs["fedavg"].diverged == (1, 0)  # counted, and not a curve
+    assert vs["fedavg"].runs_cell == "3 (1 diverged) / 1" and not any(vs["fedavg"].diverges)
     assert vs["pfedme"].agrees and vs["pfedme"].curve.inside == 11  # read from global_acc, not acc
     table = v2.render_both(first, tmp_path / "validation-2")  # no second setting yet
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()[2:]}
@@ -216,3 +217,32 @@ def test_paired_rows_name_diverged_seeds_and_never_average_them(v2, tmp_path):
     assert rows["apple"] == ["0", "-", "-", "-", "seed 0 diverged (round 1)"]
     assert rows["ditto"][:2] == ["2", "88.50 ± 0.71"]  # seeds 0-1 only
     assert rows["ditto"][4].endswith("; seed 2 diverged (round 1)")
+
+
+def test_divergence_rule_decides_when_more_than_half_of_a_sides_runs_diverged(v2, tmp_path):
+    """Rule 3: a side whose majority of runs diverged "diverges"; both: agrees, one: differs naming it; a
+    minority of diverged runs is counted and left out of the curves (fedblend: status ``diverged``; reference:
+    ``runs_nonfinite_loss``)."""
+    def method(name, levels, diverged_seeds=(), ref_levels=(80, 81, 82), ref_bad=(False, False, False)):
+        _runs(tmp_path / name, levels)
+        for seed in diverged_seeds:
+            (tmp_path / name / "fedblend" / f"seed{seed}" / "summary.json").write_text(
+                json.dumps({"status": "diverged", "divergence": {"round": 1}}))
+        (tmp_path / name / "reference.json").write_text(json.dumps(
+            {"runs": [[x / 100] * 50 for x in ref_levels], "runs_nonfinite_loss": list(ref_bad)}))
+
+    method("local", [80, 81, 82])
+    method("fedavg", [90, 91, 92], ref_levels=(90, 91, 92))
+    method("apple", [80, 81, 82], diverged_seeds=(0, 1), ref_bad=(True, True, False))
+    method("ditto", [80, 81, 82], diverged_seeds=(0, 1, 2))
+    method("fedgh", [80, 81, 82], ref_bad=(False, True, True))
+    method("fedrep", [10, 81, 82], diverged_seeds=(0,), ref_levels=(10, 81.5, 81.5), ref_bad=(True, False, False))
+    vs = v2.verdicts(tmp_path)
+    assert vs["apple"].word == "agrees (both diverge)" and vs["apple"].agrees and vs["apple"].curve is None
+    assert vs["ditto"].word == "differs (fedblend diverges)" and not vs["ditto"].agrees
+    assert vs["fedgh"].word == "differs (the reference diverges)"
+    # one run a side diverged: the other two decide, the 10 % runs never enter the mean
+    assert vs["fedrep"].diverged == (1, 1) and vs["fedrep"].word == "agrees" and vs["fedrep"].curve.inside == 26
+    assert vs["fedrep"].curve.d_last == pytest.approx(0.0)  # 81.5 a side; with the 10 % runs it would not be
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in v2.verdict_rows(tmp_path)}
+    assert rows["apple"] == ["3 (2 diverged) / 3 (2 diverged)", "-", "-", "-", "-", "**agrees (both diverge)**"]
