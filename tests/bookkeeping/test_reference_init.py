@@ -11,6 +11,7 @@ from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "results" / "validation" / "init" / "pflib-seed0-cnn4-fmnist.pt"
+INIT = COMMITTED.parent
 
 
 def _default_init_cnn4(seed: int) -> list[torch.Tensor]:
@@ -41,3 +42,15 @@ def test_committed_pflib_init_file_is_what_the_script_writes(tmp_path):
     assert mod.main([str(out), "--model", "cnn4", "--input", "1,28,28", "--classes", "10", "--seed", "0"]) == 0
     again = torch.load(out, weights_only=True)
     assert list(again) == list(committed) and all(torch.equal(again[k], committed[k]) for k in committed)
+
+
+def test_every_committed_pflib_init_file_is_the_script_draw_of_the_seed_its_name_gives():
+    mod = load_script("reference_init", "bookkeeping")
+    files = sorted(INIT.glob("pflib-seed*-cnn4-fmnist.pt"))
+    assert len(files) >= 3
+    readme = (INIT / "README.md").read_text()
+    for f in files:
+        seed = int(f.name.removeprefix("pflib-seed").split("-")[0])
+        digest = mod.tensors_sha256(torch.load(f, weights_only=True))
+        assert digest == mod.tensors_sha256(mod.reference_state("cnn4", (1, 28, 28), 10, seed)), f.name
+        assert digest in readme, f"{f.name}: its tensors' hash is not in init/README.md"
