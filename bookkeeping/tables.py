@@ -519,6 +519,8 @@ def _validation2():
 RENDERERS = {**{name: (t.doc, lambda t=t, repo=REPO: render(t, repo)) for name, t in TABLES.items()},
              "validation-rule": ("docs/validation.md", lambda repo=REPO: _validation2().render_both(
                  repo / "results" / "validation", repo / "results" / "validation-2")),
+             "validation-init-pairs": ("docs/validation.md", lambda repo=REPO: _validation2().render_init_pairs(
+                 repo / "results" / "validation")),
              "validation2-verdicts": ("docs/validation-2.md",
                                       lambda repo=REPO: _validation2().render_verdicts(repo / "results" / "validation-2")),
              "validation2-paired": ("docs/validation-2.md",

@@ -368,6 +368,53 @@ def render_both(first: Path, second: Path) -> str:
     return BOTH_HEAD + ("\n" + "\n".join(rows) if rows else "")
 
 
+# ------------------------------------------------------------------------------------ paired by initial model
+INIT_HEAD = ("| method | pairs (reference repetition = fedblend run from its initial model) | mean difference over the "
+             "rounds, each pair | largest difference (round), each pair | last round: ours / reference %, each pair |"
+             "\n|---|---|---|---|---|")
+
+
+def init_pairs(folder: Path) -> dict[int, tuple[Curve, Curve]]:
+    """``{S: (fedblend, reference)}``: fedblend's runs from the reference's repetition-``S`` initial model
+    (``fedblend-pflib-init/`` for S = 0, ``fedblend-pflib-init-seed<S>/``) with that repetition's curve. A
+    repetition ``S > 0`` pairs only when the reference seeded its repetitions by index (``runs_seeding`` in
+    ``reference.json``; unseeded, PFLlib's later repetitions do not start from seed ``S``'s draw)."""
+    ref = json.loads((folder / "reference.json").read_text())
+    runs = ref.get("runs") or ([ref["acc"]] if "acc" in ref else [])
+    key = ref.get("fedblend_metric", "acc")
+    dirs = {0: folder / "fedblend-pflib-init", **{int(p.name.removeprefix("fedblend-pflib-init-seed")): p
+                                                    for p in folder.glob("fedblend-pflib-init-seed*")
+                                                    if p.name.removeprefix("fedblend-pflib-init-seed").isdigit()}}
+    out = {}
+    for seed, run in sorted(dirs.items()):
+        ours = _run_curve(run, key) if run.is_dir() else None
+        if ours is None or seed >= len(runs) or (seed > 0 and "runs_seeding" not in ref):
+            continue
+        out[seed] = (ours, {i + 1: 100 * a for i, a in enumerate(runs[seed])})
+    return out
+
+
+def render_init_pairs(root: Path) -> str:
+    """fedblend from each reference repetition's own initial model, against that repetition, round by round
+    (docs/validation.md): what is left when the initial draw is the same on both sides."""
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if (p / "reference.json").exists()) if root.exists() else []:
+        pairs = init_pairs(folder)
+        if not pairs:
+            continue
+        means, largest, last = [], [], []
+        for _seed, (ours, theirs) in pairs.items():
+            rounds = sorted(set(ours) & set(theirs))
+            d = {r: ours[r] - theirs[r] for r in rounds}
+            worst = max(rounds, key=lambda r: abs(d[r]))
+            means.append(f"{statistics.fmean(d.values()):+.2f}")
+            largest.append(f"{d[worst]:+.2f} ({worst})")
+            last.append(f"{ours[rounds[-1]]:.2f} / {theirs[rounds[-1]]:.2f}")
+        rows.append(f"| {folder.name} | {', '.join(map(str, pairs))} | {'; '.join(means)} | {'; '.join(largest)} "
+                    f"| {'; '.join(last)} |")
+    return INIT_HEAD + ("\n" + "\n".join(rows) if rows else "")
+
+
 # ------------------------------------------------------------------------------------------------ collecting runs
 RUN_FILES = ("config.toml", "summary.json", "metrics.jsonl")
 

@@ -246,3 +246,26 @@ def test_divergence_rule_decides_when_more_than_half_of_a_sides_runs_diverged(v2
     assert vs["fedrep"].curve.d_last == pytest.approx(0.0)  # 81.5 a side; with the 10 % runs it would not be
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in v2.verdict_rows(tmp_path)}
     assert rows["apple"] == ["3 (2 diverged) / 3 (2 diverged)", "-", "-", "-", "-", "**agrees (both diverge)**"]
+
+
+def test_init_pairs_set_each_run_from_a_reference_initial_model_against_that_repetition(v2, tmp_path):
+    """fedblend-pflib-init/ pairs with the reference's repetition 0 and fedblend-pflib-init-seed<S>/ with
+    repetition S, but only when the reference seeded its repetitions by index (runs_seeding)."""
+    def run(folder, level):
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": (level + (r == 7)) / 100}) + "\n"
+                                                      for r in range(1, 21)))
+
+    m = tmp_path / "fedbabu"
+    run(m / "fedblend-pflib-init", 50)
+    run(m / "fedblend-pflib-init-seed2", 60)
+    ref = {"runs": [[0.49] * 20, [0.30] * 20, [0.61] * 20]}
+    (m / "reference.json").write_text(json.dumps(ref))
+    assert list(v2.init_pairs(m)) == [0]  # unseeded repetitions: repetition 2 is not seed 2's draw
+    (m / "reference.json").write_text(json.dumps({**ref, "runs_seeding": "by index"}))
+    pairs = v2.init_pairs(m)
+    assert list(pairs) == [0, 2] and pairs[2][1][20] == pytest.approx(61.0)
+    row = v2.render_init_pairs(tmp_path).splitlines()[2]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells == ["fedbabu", "0, 2", "+1.05; -0.95", "+2.00 (7); -1.00 (1)", "50.00 / 49.00; 60.00 / 61.00"]
