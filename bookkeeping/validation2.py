@@ -132,10 +132,25 @@ def _run_curve(run: Path, key: str) -> Curve | None:
     return {m["round"]: 100 * m[key] for m in rows if m.get(key) is not None}
 
 
+def seed_dirs(folder: Path, prefix: str, seed0: str | None = None) -> dict[int, Path]:
+    """``{seed: run folder}`` of one layout, in seed order: ``folder/<prefix><S>/`` is seed ``S`` and, when given,
+    ``folder/<seed0>/`` seed 0 (the first setting's ``fedblend/`` + ``fedblend-seed<S>/``); only existing
+    folders."""
+    dirs = {int(p.name.removeprefix(prefix)): p for p in folder.glob(prefix + "*")
+            if p.name.removeprefix(prefix).isdigit() and p.is_dir()}
+    if seed0 is not None and (folder / seed0).is_dir():
+        dirs[0] = folder / seed0
+    return dict(sorted(dirs.items()))
+
+
+def _finished_curves(dirs: Mapping[int, Path], key: str) -> dict[int, Curve]:
+    curves = {seed: _run_curve(run, key) for seed, run in dirs.items()}
+    return {seed: c for seed, c in curves.items() if c is not None}
+
+
 def fedblend_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
     """``{seed: curve}`` of the finished runs ``folder/seed*/`` (the second setting's layout; accuracy in %)."""
-    runs = {int(run.name.removeprefix("seed")): _run_curve(run, key) for run in sorted(folder.glob("seed*"))}
-    return {seed: c for seed, c in runs.items() if c is not None}
+    return _finished_curves(seed_dirs(folder, "seed"), key)
 
 
 def second_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
@@ -146,10 +161,7 @@ def second_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
 def first_setting_curves(folder: Path, key: str = "acc") -> dict[int, Curve]:
     """``{seed: curve}`` in the first setting's layout (docs/validation.md): ``fedblend/`` is seed 0 and
     ``fedblend-seed1/``, ``fedblend-seed2/`` the other seeds, each run with the method's validation config."""
-    seeds = {p.name.removeprefix("fedblend-seed"): p for p in folder.glob("fedblend-seed*")}
-    runs = {0: folder / "fedblend", **{int(s): p for s, p in seeds.items() if s.isdigit()}}
-    curves = {seed: _run_curve(run, key) for seed, run in sorted(runs.items()) if run.is_dir()}
-    return {seed: c for seed, c in curves.items() if c is not None}
+    return _finished_curves(seed_dirs(folder, "fedblend-seed", "fedblend"), key)
 
 
 def reference_curves(path: Path) -> list[Curve]:
@@ -279,27 +291,25 @@ def _against_local(res: tuple[float, float, float, int]) -> str:
     return "above Local" if mean > 0 else "below Local"
 
 
-def diverged_seeds(folder: Path) -> dict[int, int | None]:
-    """``{seed: round}`` of the runs under ``folder/seed*/`` that the divergence check stopped (a result, named in
-    the tables, never averaged)."""
+def _diverged(dirs: Mapping[int, Path]) -> dict[int, int | None]:
+    """``{seed: round}`` of the runs among ``dirs`` that the divergence check stopped (a result, named in the
+    tables, never averaged)."""
     out = {}
-    for run in sorted(folder.glob("seed*")):
-        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-        if summary.get("status") == "diverged" and run.name.removeprefix("seed").isdigit():
-            out[int(run.name.removeprefix("seed"))] = (summary.get("divergence") or {}).get("round")
-    return out
-
-
-def first_setting_diverged(folder: Path) -> dict[int, int | None]:
-    """:func:`diverged_seeds` in the first setting's layout (``fedblend/`` seed 0, ``fedblend-seed<S>/``)."""
-    runs = {0: folder / "fedblend", **{int(p.name.removeprefix("fedblend-seed")): p
-                                       for p in folder.glob("fedblend-seed*") if p.name.removeprefix("fedblend-seed").isdigit()}}
-    out = {}
-    for seed, run in sorted(runs.items()):
+    for seed, run in dirs.items():
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
         if summary.get("status") == "diverged":
             out[seed] = (summary.get("divergence") or {}).get("round")
     return out
+
+
+def diverged_seeds(folder: Path) -> dict[int, int | None]:
+    """:func:`_diverged` of the runs ``folder/seed*/`` (the second setting's layout)."""
+    return _diverged(seed_dirs(folder, "seed"))
+
+
+def first_setting_diverged(folder: Path) -> dict[int, int | None]:
+    """:func:`_diverged` in the first setting's layout (``fedblend/`` seed 0, ``fedblend-seed<S>/``)."""
+    return _diverged(seed_dirs(folder, "fedblend-seed", "fedblend"))
 
 
 DIVERGED = {second_setting_curves: lambda folder: diverged_seeds(folder / "fedblend"),
@@ -382,16 +392,9 @@ def init_pairs(folder: Path) -> dict[int, tuple[Curve, Curve]]:
     ref = json.loads((folder / "reference.json").read_text())
     runs = ref.get("runs") or ([ref["acc"]] if "acc" in ref else [])
     key = ref.get("fedblend_metric", "acc")
-    dirs = {0: folder / "fedblend-pflib-init", **{int(p.name.removeprefix("fedblend-pflib-init-seed")): p
-                                                    for p in folder.glob("fedblend-pflib-init-seed*")
-                                                    if p.name.removeprefix("fedblend-pflib-init-seed").isdigit()}}
-    out = {}
-    for seed, run in sorted(dirs.items()):
-        ours = _run_curve(run, key) if run.is_dir() else None
-        if ours is None or seed >= len(runs) or (seed > 0 and "runs_seeding" not in ref):
-            continue
-        out[seed] = (ours, {i + 1: 100 * a for i, a in enumerate(runs[seed])})
-    return out
+    ours = _finished_curves(seed_dirs(folder, "fedblend-pflib-init-seed", "fedblend-pflib-init"), key)
+    return {seed: (curve, {i + 1: 100 * a for i, a in enumerate(runs[seed])}) for seed, curve in ours.items()
+            if seed < len(runs) and (seed == 0 or "runs_seeding" in ref)}
 
 
 def render_init_pairs(root: Path) -> str:
