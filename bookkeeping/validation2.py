@@ -23,6 +23,7 @@ paired table (each method against Local and FedAvg-FT, paired by seed) is :func:
 
     python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
     python bookkeeping/validation2.py collect CAMPAIGN/runs    # finished runs of both settings into results/
+    python bookkeeping/validation2.py rounds results/validation-2/fedavg   # one method, round by round (rule 1)
 
 ``bookkeeping/tables.py`` writes both into docs/validation-2.md (blocks ``validation2-verdicts``,
 ``validation2-paired``).
@@ -83,15 +84,20 @@ class CurveAgreement:
     of: int = len(ROUNDS)  # rounds in the window
 
 
+def round_gap(ours: Sequence[Curve], theirs: Sequence[Curve], r: int) -> tuple[float, float]:
+    """Rule 1 at round ``r``: ``(d(r), 2 se(r) + FLOOR)``; the round is inside the band when ``|d| <=`` the
+    second."""
+    (mf, sf), (mr, sr) = _mean_sd([c[r] for c in ours]), _mean_sd([c[r] for c in theirs])
+    return mf - mr, 2 * math.sqrt(sf ** 2 / len(ours) + sr ** 2 / len(theirs)) + FLOOR
+
+
 def curve_agreement(ours: Sequence[Curve], theirs: Sequence[Curve], budget: int = FINAL[-1]) -> CurveAgreement:
     """Rule 1 over :func:`window` of the budget (every run must have every one of its rounds)."""
     rounds, needed = window(budget)
     inside, d = 0, 0.0
     for r in rounds:
-        (mf, sf), (mr, sr) = _mean_sd([c[r] for c in ours]), _mean_sd([c[r] for c in theirs])
-        d = mf - mr
-        se = math.sqrt(sf ** 2 / len(ours) + sr ** 2 / len(theirs))
-        inside += abs(d) <= 2 * se + FLOOR
+        d, band = round_gap(ours, theirs, r)
+        inside += abs(d) <= band
     return CurveAgreement(inside, d, inside >= needed, len(rounds))
 
 
@@ -450,8 +456,33 @@ def collect(runs: Path, results: Path) -> tuple[list[Path], list[Path]]:
     return copied, kept
 
 
+def rounds_report(folder: Path, layout=second_setting_curves) -> str:
+    """Round by round, what rule 1 sees for one method: each fedblend run's and each reference run's accuracy,
+    ``d(r)``, the band ``2 se(r) + FLOOR`` and whether the round is inside it; rounds of the window are marked
+    ``*``. For reading a curve before writing what a verdict means; the verdict itself is :func:`verdicts`'."""
+    ref = folder / "reference.json"
+    ours = list(layout(folder, json.loads(ref.read_text()).get("fedblend_metric", "acc")).values())
+    theirs = reference_curves(ref)
+    if not ours or not theirs:
+        raise ValueError(f"{folder}: needs finished runs on both sides ({len(ours)} fedblend, {len(theirs)} reference)")
+    budget = budget_of([*ours, *theirs])
+    window_rounds = set(window(budget)[0])
+    lines = [f"{folder}: {len(ours)} fedblend / {len(theirs)} reference runs, {budget} rounds (* = rule 1's window)",
+             "round | fedblend runs | reference runs | d | band | inside"]
+    for r in range(1, budget + 1):
+        d, band = round_gap(ours, theirs, r)
+        runs = [" ".join(f"{c[r]:6.2f}" for c in side) for side in (ours, theirs)]
+        lines.append(f"{r:4d}{'*' if r in window_rounds else ' '} | {runs[0]} | {runs[1]} | {d:+6.2f} | {band:5.2f} | "
+                     f"{'yes' if abs(d) <= band else 'NO'}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["rounds"]:  # validation2.py rounds results/validation[-2]/<method>
+        folder = Path(args[1])
+        print(rounds_report(folder, first_setting_curves if folder.parent.name == "validation" else second_setting_curves))
+        return 0
     if args[:1] == ["collect"]:  # validation2.py collect RUNS [RESULTS]
         copied, kept = collect(Path(args[1]), Path(args[2] if len(args) > 2 else "results"))
         print("\n".join([*map(str, copied), *(f"{p}: already there, left as it is" for p in kept)]))

@@ -141,12 +141,13 @@ def test_tables_writes_both_second_setting_blocks_into_its_doc(tmp_path):
 
 def _first_setting(folder, levels, ref_runs, key="acc"):
     """A method folder in the first setting's layout: fedblend/ (seed 0), fedblend-seed1/, ...; reference.json
-    with a single ``acc`` curve (as committed before repetitions) or ``runs``."""
+    with a single ``acc`` curve (as committed before repetitions) or ``runs``. The runs record ``levels`` under
+    ``key`` (and ``acc`` 0 when ``key`` is another metric)."""
     for seed, level in enumerate(levels):
         run = folder / ("fedblend" if seed == 0 else f"fedblend-seed{seed}")
         run.mkdir(parents=True)
         (run / "summary.json").write_text(json.dumps({"status": "finished"}))
-        (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, key: level / 100, "acc": 0.0}) + "\n"
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": 0.0, key: level / 100}) + "\n"
                                                    for r in range(1, 21)))
     ref = {"acc": [ref_runs[0] / 100] * 20} if len(ref_runs) == 1 else {"runs": [[x / 100] * 20 for x in ref_runs]}
     if key != "acc":
@@ -269,3 +270,26 @@ def test_init_pairs_set_each_run_from_a_reference_initial_model_against_that_rep
     row = v2.render_init_pairs(tmp_path).splitlines()[2]
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells == ["fedbabu", "0, 2", "+1.05; -0.95", "+2.00 (7); -1.00 (1)", "50.00 / 49.00; 60.00 / 61.00"]
+
+
+def test_rounds_report_shows_each_run_and_marks_the_same_rounds_inside_as_the_rule(v2, tmp_path):
+    folder = tmp_path / "validation" / "fedgh"
+    _first_setting(folder, [80, 81, 82], [86, 86, 86])  # d = -5 everywhere, band 2 * sqrt(1/3) + 0.5 = 1.65
+    report = v2.rounds_report(folder, v2.first_setting_curves)
+    rows = report.splitlines()[2:]
+    assert len(rows) == 20 and all("NO" in row for row in rows)
+    assert rows[9].startswith("  10*") and not rows[8].startswith("   9*")  # the window is marked: rounds 10-20
+    assert "80.00  81.00  82.00 |  86.00  86.00  86.00 |  -5.00 |  1.65 | NO" in rows[0]
+    # agreeing curves: every window round reads "yes", as many as curve_agreement counts inside
+    ours, theirs = v2.first_setting_curves(folder, "acc"), v2.reference_curves(folder / "reference.json")
+    close = tmp_path / "validation" / "fedper"
+    _first_setting(close, [85, 86, 87], [86, 86, 86])
+    inside = v2.curve_agreement(list(v2.first_setting_curves(close, "acc").values()),
+                                v2.reference_curves(close / "reference.json")).inside
+    marked = [r for r in v2.rounds_report(close, v2.first_setting_curves).splitlines()[2:] if "*" in r[:6]]
+    assert inside == 11 == sum(r.endswith("yes") for r in marked)
+    assert v2.curve_agreement(list(ours.values()), theirs).inside == 0
+    assert v2.main(["rounds", str(close)]) == 0
+    (close / "reference.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(ValueError, match="both sides"):
+        v2.rounds_report(close, v2.first_setting_curves)
