@@ -195,6 +195,14 @@ def budget_of(curves: Sequence[Curve]) -> int:
     return lasts.pop()
 
 
+def method_sides(folder: Path, layout=second_setting_curves) -> tuple[list[Curve], list[Curve]]:
+    """One method's finished runs, (fedblend's as ``layout`` reads them, the reference's): fedblend's metric is
+    the one ``reference.json`` names in ``fedblend_metric`` (default ``acc``)."""
+    ref = folder / "reference.json"
+    key = json.loads(ref.read_text()).get("fedblend_metric", "acc")
+    return list(layout(folder, key).values()), reference_curves(ref)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Rules 1-3 applied to one method of one setting; ``curve`` and ``orders`` are None when a side diverges."""
@@ -240,9 +248,7 @@ def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
     (:func:`budget_of`); diverged runs follow rule 3 (``layout`` names its diverged-run reader,
     :data:`DIVERGED`)."""
     def sides(folder: Path) -> tuple[list[Curve], list[Curve]]:
-        ref = folder / "reference.json"
-        key = json.loads(ref.read_text()).get("fedblend_metric", "acc")
-        return list(layout(folder, key).values()), reference_curves(ref)
+        return method_sides(folder, layout)
 
     if not all((root / a / "reference.json").exists() for a in ("local", "fedavg")):
         return {}
@@ -460,9 +466,7 @@ def rounds_report(folder: Path, layout=second_setting_curves) -> str:
     """Round by round, what rule 1 sees for one method: each fedblend run's and each reference run's accuracy,
     ``d(r)``, the band ``2 se(r) + FLOOR`` and whether the round is inside it; rounds of the window are marked
     ``*``. For reading a curve before writing what a verdict means; the verdict itself is :func:`verdicts`'."""
-    ref = folder / "reference.json"
-    ours = list(layout(folder, json.loads(ref.read_text()).get("fedblend_metric", "acc")).values())
-    theirs = reference_curves(ref)
+    ours, theirs = method_sides(folder, layout)
     if not ours or not theirs:
         raise ValueError(f"{folder}: needs finished runs on both sides ({len(ours)} fedblend, {len(theirs)} reference)")
     budget = budget_of([*ours, *theirs])
