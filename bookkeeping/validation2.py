@@ -247,17 +247,14 @@ def verdicts(root: Path, layout=second_setting_curves) -> dict[str, Verdict]:
     reference's curve measures that model); the window and the final rounds follow the runs' budget
     (:func:`budget_of`); diverged runs follow rule 3 (``layout`` names its diverged-run reader,
     :data:`DIVERGED`)."""
-    def sides(folder: Path) -> tuple[list[Curve], list[Curve]]:
-        return method_sides(folder, layout)
-
     if not all((root / a / "reference.json").exists() for a in ("local", "fedavg")):
         return {}
-    anchors = [sides(root / a) for a in ("local", "fedavg")]
+    anchors = [method_sides(root / a, layout) for a in ("local", "fedavg")]
     if not all(ours and theirs for ours, theirs in anchors):
         return {}
     out = {}
     for folder in sorted(p for p in root.iterdir() if (p / "reference.json").exists()):
-        ours, theirs = sides(folder)
+        ours, theirs = method_sides(folder, layout)
         diverged = (len(DIVERGED[layout](folder)), reference_diverged(folder / "reference.json"))
         runs = (len(ours) + diverged[0], len(theirs) + diverged[1])
         if not runs[0] or not runs[1]:
