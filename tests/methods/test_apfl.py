@@ -15,9 +15,12 @@ from tests.methods.common import FULL_BATCH, ce_grad, perturbed, specs_of
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_apfl_step_matches_the_papers_updates(tiny_fed):
+@pytest.mark.parametrize("reg", [0.0, 0.4])
+def test_apfl_step_matches_the_papers_updates_plus_the_optional_alpha_term(tiny_fed, reg):
+    """Eq. 10 and Alg. 1 by hand; ``alpha_reg = c`` adds ``c * alpha`` to alpha's gradient (the authors' code) and
+    changes nothing else."""
     lr = 0.05
-    sim = tiny_sim(tiny_fed, "apfl", {"alpha": 0.3}, rounds=1, batch_size=FULL_BATCH, lr=lr)
+    sim = tiny_sim(tiny_fed, "apfl", {"alpha": 0.3, "alpha_reg": reg}, rounds=1, batch_size=FULL_BATCH, lr=lr)
     msg = train_message(sim, 0)
     w = msg.params()
     ctx = sim.client_ctx(0, 0)
@@ -35,7 +38,7 @@ def test_apfl_step_matches_the_papers_updates(tiny_fed):
     a = torch.tensor(alpha, requires_grad=True)
     loss = F.cross_entropy(functional_call(model, mix(v, w, a), (d.train_x,)), d.train_y)
     assert abs(float(torch.autograd.grad(loss, a)[0]) - g_alpha) < 1e-5
-    assert abs(float(new["apfl"]["alpha"]) - (alpha - lr * g_alpha)) < 1e-6
+    assert abs(float(new["apfl"]["alpha"]) - (alpha - lr * (g_alpha + reg * alpha))) < 1e-6
     assert abs(g_alpha) * lr > 1e-5  # alpha moved by a visible amount
     assert all(torch.allclose(new["apfl"]["v"][k], v[k] - lr * alpha * g[k], atol=1e-6) for k in v)
     gw = ce_grad(model, w, d.train_x, d.train_y)

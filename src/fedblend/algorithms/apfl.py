@@ -23,7 +23,10 @@ Choices where the paper is silent, as options: ``alpha`` (initial mixing weight,
 (False keeps ``alpha`` fixed: APFL with a fixed mixture, the paper's "APFL (alpha = 0.25 / 0.5 / 0.75)" rows;
 ``alpha = 0`` fixed is FedAvg), ``clip`` (``alpha`` is a mixing weight in ``[0, 1]``; the authors' code
 projects it there; here the projection is applied after each round's local training, not per step, since the
-step runs inside the spec). ``v_i`` starts at the initial model (as ``w``).
+step runs inside the spec), ``alpha_reg`` (default 0: a term ``c * alpha_i`` added to ``alpha_i``'s gradient at
+every step, the loss term ``c / 2 * alpha_i^2``; the authors' FedTorch ``alpha_update`` and PFLlib's use
+``c = 0.02``, which the paper's Eq. 10 does not have; it pulls ``alpha_i`` toward 0 by a factor ``1 - eta c`` per
+step). ``v_i`` starts at the initial model (as ``w``).
 
 Evaluation: the mixture ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the aggregated global model the client
 receives (paper Sec. 3: the personalized model of client ``i`` combines its local model with the global one);
@@ -56,10 +59,12 @@ ALPHA = "apfl_alpha"
 
 @dataclass(frozen=True)
 class APFLOptions:
-    RANGES: ClassVar[dict] = {"alpha": "[0, 1]"}
+    RANGES: ClassVar[dict] = {"alpha": "[0, 1]", "alpha_reg": ">= 0"}
     alpha: float = opt(0.5, "initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)")
     adaptive: bool = opt(True, "learn alpha_i by Eq. 10 (False: alpha stays at its initial value)")
     clip: bool = opt(True, "project alpha_i to [0, 1] after each round's local training (authors' code: per step)")
+    alpha_reg: float = opt(0.0, "c of a term c * alpha_i added to alpha_i's gradient at every step (the paper: "
+                                "none; the authors' FedTorch code and PFLlib: 0.02)")
 
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
@@ -74,6 +79,12 @@ def mixture_loss(params: Params, batch, names: list[str]) -> torch.Tensor:
     local = unflatten(params[LOCAL], glob)
     out = functional_call(batch.model, mix(local, glob, params[ALPHA]), (batch.x,))
     return F.cross_entropy(out, batch.y)
+
+
+def alpha_penalty(params: Params, batch, coef: float) -> torch.Tensor:
+    """``coef / 2 * alpha^2``: adds ``coef * alpha`` to ``alpha``'s gradient (option ``alpha_reg``; the authors'
+    FedTorch ``alpha_update`` and PFLlib add ``0.02 * alpha``, the paper's Eq. 10 has no such term)."""
+    return 0.5 * coef * params[ALPHA] ** 2
 
 
 @register_method
@@ -100,8 +111,10 @@ class APFL(Method):
         names = list(params)
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
-        term = LossTerm(mixture_loss, {"names": names}, name="apfl_mixture")
-        res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=(term,))
+        terms = (LossTerm(mixture_loss, {"names": names}, name="apfl_mixture"),)
+        if self.opts.adaptive and self.opts.alpha_reg:
+            terms += (LossTerm(alpha_penalty, {"coef": self.opts.alpha_reg}, name="apfl_alpha_reg", uses_batch=False),)
+        res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=terms)
         cstate = record_training(res, cstate, ctx)
         alpha = res.params[ALPHA].clamp(0.0, 1.0) if self.opts.clip else res.params[ALPHA]
         ctx.stats["apfl_alpha"] = float(alpha)
