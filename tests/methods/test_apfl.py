@@ -47,6 +47,35 @@ def test_apfl_step_matches_the_papers_updates_plus_the_optional_alpha_term(tiny_
     assert LOCAL not in new["apfl"]["v"] and ALPHA not in reply.params()
 
 
+def test_apfl_pflib_variant_steps_v_on_its_own_loss_and_overwrites_it_with_the_mixture(tiny_fed):
+    """``local_loss = "own"``: ``v <- v - eta grad f(v)`` (PFLlib), alpha still Eq. 10's step; ``overwrite``: after
+    training ``v`` becomes ``alpha v + (1 - alpha) w`` with the trained ``w`` and is what is evaluated."""
+    lr, alpha = 0.05, 0.3
+    got = {}
+    for overwrite in (False, True):
+        sim = tiny_sim(tiny_fed, "apfl", {"alpha": alpha, "local_loss": "own", "overwrite": overwrite}, rounds=1,
+                       batch_size=FULL_BATCH, lr=lr)
+        msg = train_message(sim, 0)
+        state = sim.method.init_client(sim.client_ctx(0, 0))
+        v = perturbed(state["apfl"]["v"], scale=0.3, seed=2)
+        state = {**state, "apfl": {**state["apfl"], "v": v}}
+        got[overwrite] = (msg, v, *specs_of(sim, 0, msg, state), sim)
+    msg, v, _, reply, new, sim = got[False]
+    w = msg.params()
+    d, model = tiny_fed.clients[0], sim.run_info.model
+    gv = ce_grad(model, v, d.train_x, d.train_y)
+    assert all(torch.allclose(new["apfl"]["v"][k], v[k] - lr * gv[k], atol=1e-6) for k in v)
+    g = ce_grad(model, mix(v, w, alpha), d.train_x, d.train_y)
+    g_alpha = sum(float(((v[k] - w[k]) * g[k]).sum()) for k in w)
+    assert abs(float(new["apfl"]["alpha"]) - (alpha - lr * g_alpha)) < 1e-6
+    _, _, _, reply2, new2, sim2 = got[True]
+    a = new["apfl"]["alpha"]
+    assert float(new2["apfl"]["alpha"]) == float(a) and same_state(reply2.params(), reply.params())
+    assert same_state(new2["apfl"]["v"], mix(new["apfl"]["v"], reply.params(), a))
+    ev = eval_message(sim2, 0)
+    assert same_state(sim2.method.eval_params(ev, new2, sim2.client_ctx(0, 1)), new2["apfl"]["v"])
+
+
 def test_apfl_alpha_clipped_to_unit_interval(tiny_fed):
     """Starting at an end of [0, 1], the step leaves the interval at one end; ``clip`` projects it back."""
     out = []

@@ -26,7 +26,13 @@ projects it there; here the projection is applied after each round's local train
 step runs inside the spec), ``alpha_reg`` (default 0: a term ``c * alpha_i`` added to ``alpha_i``'s gradient at
 every step, the loss term ``c / 2 * alpha_i^2``; the authors' FedTorch ``alpha_update`` and PFLlib's use
 ``c = 0.02``, which the paper's Eq. 10 does not have; it pulls ``alpha_i`` toward 0 by a factor ``1 - eta c`` per
-step). ``v_i`` starts at the initial model (as ``w``).
+step). PFLlib's APFL differs from the paper in two more ways, each an option: ``local_loss = "own"`` steps
+``v_i`` along its own loss's gradient ``grad f(v_i)`` instead of the mixture's ``alpha_i grad f(v_bar_i)``
+(``alpha_i`` keeps Eq. 10's gradient), and ``overwrite`` replaces ``v_i`` by the mixture ``alpha_i v_i + (1 -
+alpha_i) w`` (``w`` the client's trained copy) after each round's training, and evaluates ``v_i`` as it is
+(PFLlib's ``model_per``; ``[eval] model`` then does not apply). (PFLlib's ``alpha`` gradient is
+``<v - w, alpha grad f(v) + (1 - alpha) grad f(w)>``, a linearisation of Eq. 10's; here it stays Eq. 10's.)
+``v_i`` starts at the initial model (as ``w``).
 
 Evaluation: the mixture ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the aggregated global model the client
 receives (paper Sec. 3: the personalized model of client ``i`` combines its local model with the global one);
@@ -59,12 +65,17 @@ ALPHA = "apfl_alpha"
 
 @dataclass(frozen=True)
 class APFLOptions:
+    CHOICES: ClassVar[dict] = {"local_loss": ("mixture", "own")}
     RANGES: ClassVar[dict] = {"alpha": "[0, 1]", "alpha_reg": ">= 0"}
     alpha: float = opt(0.5, "initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)")
     adaptive: bool = opt(True, "learn alpha_i by Eq. 10 (False: alpha stays at its initial value)")
     clip: bool = opt(True, "project alpha_i to [0, 1] after each round's local training (authors' code: per step)")
     alpha_reg: float = opt(0.0, "c of a term c * alpha_i added to alpha_i's gradient at every step (the paper: "
                                 "none; the authors' FedTorch code and PFLlib: 0.02)")
+    local_loss: str = opt("mixture", "v_i's step: along the mixture's gradient alpha_i grad f(v_bar_i) (\"mixture\": the "
+                                     "paper's Alg. 1, the authors' code) or its own loss's grad f(v_i) (\"own\": PFLlib)")
+    overwrite: bool = opt(False, "after each round's training v_i <- alpha_i v_i + (1 - alpha_i) w with w the client's "
+                                 "trained copy (PFLlib's model_per; the paper and the authors' code keep v_i)")
 
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
@@ -72,13 +83,18 @@ def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
     return interpolate(local, glob, alpha, names=glob)
 
 
-def mixture_loss(params: Params, batch, names: list[str]) -> torch.Tensor:
+def mixture_loss(params: Params, batch, names: list[str], own: bool = False) -> torch.Tensor:
     """``f(v_bar)`` on the batch with ``v_bar = alpha v + (1 - alpha) stop_grad(w)``: its gradients are APFL's
-    ``v`` and ``alpha`` updates (Alg. 1, Eq. 10) and it adds nothing to ``w``'s (``w`` takes FedAvg's step)."""
+    ``v`` and ``alpha`` updates (Alg. 1, Eq. 10) and it adds nothing to ``w``'s (``w`` takes FedAvg's step).
+    ``own`` (option ``local_loss = "own"``, PFLlib): ``f(alpha stop_grad(v) + (1 - alpha) stop_grad(w)) + f(v)``,
+    so ``alpha`` keeps Eq. 10's gradient and ``v`` takes its own loss's."""
     glob = {n: params[n].detach() for n in names}
     local = unflatten(params[LOCAL], glob)
-    out = functional_call(batch.model, mix(local, glob, params[ALPHA]), (batch.x,))
-    return F.cross_entropy(out, batch.y)
+    if not own:
+        return F.cross_entropy(functional_call(batch.model, mix(local, glob, params[ALPHA]), (batch.x,)), batch.y)
+    fixed = {n: t.detach() for n, t in local.items()}
+    out = functional_call(batch.model, mix(fixed, glob, params[ALPHA]), (batch.x,))
+    return F.cross_entropy(out, batch.y) + F.cross_entropy(functional_call(batch.model, local, (batch.x,)), batch.y)
 
 
 def alpha_penalty(params: Params, batch, coef: float) -> torch.Tensor:
@@ -111,7 +127,9 @@ class APFL(Method):
         names = list(params)
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
-        terms = (LossTerm(mixture_loss, {"names": names}, name="apfl_mixture"),)
+        own = self.opts.local_loss == "own"
+        terms = (LossTerm(mixture_loss, {"names": names, "own": own} if own else {"names": names},
+                          name="apfl_mixture"),)
         if self.opts.adaptive and self.opts.alpha_reg:
             terms += (LossTerm(alpha_penalty, {"coef": self.opts.alpha_reg}, name="apfl_alpha_reg", uses_batch=False),)
         res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=terms)
@@ -120,6 +138,8 @@ class APFL(Method):
         ctx.stats["apfl_alpha"] = float(alpha)
         v = {n: t.clone() for n, t in unflatten(res.params[LOCAL], params).items()}  # own storage, not views
         w = {n: res.params[n] for n in names}
+        if self.opts.overwrite:  # PFLlib: model_per <- (1 - alpha) model + alpha model_per after training
+            v = {n: t.clone() for n, t in mix(v, w, alpha).items()}
         kept = {"v": v, "alpha": alpha}
         if self.traits.eval_choice == "trained":  # PFLlib's model_per mixes the client's own trained copy
             kept["w"] = {n: t.clone() for n, t in w.items()}
@@ -130,8 +150,10 @@ class APFL(Method):
         """Eq. 3: ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the received global model, or, with a transform
         (``+ala``), the global copy as the transform would initialise it; with ``[eval] model = "trained"``,
         ``w`` is the client's own copy after its last local training (PFLlib), the received one before its
-        first."""
+        first; with ``overwrite``, ``v_i`` itself (already that mixture, PFLlib's ``model_per``)."""
         st = cstate["apfl"]
+        if self.opts.overwrite:  # v_i is already the mixture with the trained copy (PFLlib's model_per)
+            return st["v"]
         if "w" in st:
             return mix(st["v"], st["w"], st["alpha"])
         return mix(st["v"], super().eval_params(msg, cstate, ctx), st["alpha"])
