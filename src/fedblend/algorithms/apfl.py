@@ -128,8 +128,7 @@ class APFL(Method):
         work = {**params, LOCAL: flatten({n: st["v"][n] for n in names}), ALPHA: st["alpha"]}
         trainable = None if self.opts.adaptive else [n for n in work if n != ALPHA]
         own = self.opts.local_loss == "own"
-        terms = (LossTerm(mixture_loss, {"names": names, "own": own} if own else {"names": names},
-                          name="apfl_mixture"),)
+        terms = (LossTerm(mixture_loss, {"names": names, "own": own}, name="apfl_mixture"),)
         if self.opts.adaptive and self.opts.alpha_reg:
             terms += (LossTerm(alpha_penalty, {"coef": self.opts.alpha_reg}, name="apfl_alpha_reg", uses_batch=False),)
         res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=terms)
