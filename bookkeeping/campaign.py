@@ -19,8 +19,9 @@ starts over (``--force``, :func:`restart_flags`). Runs another process is writin
 BASE (a runner started earlier, by hand: their ``.fedblend.lock`` is held) take their places among the ``--jobs``
 (:func:`busy_elsewhere`), so a runner restarted mid-session does not start more than ``--jobs`` at once.
 ``--fill``: when a place is free and no line fits, start the first ready line anyway; the session's end then
-stops it, and a later session on a machine that kept BASE resumes it from its last checkpoint (every
-``checkpoint_every`` rounds) instead of the cores idling until the deadline. A started line is kept in
+stops it, and a later session resumes it from its last checkpoint (every ``checkpoint_every`` rounds) instead of
+the cores idling until the deadline: on a machine that kept BASE, or on a new one through ``parked/``
+(``bookkeeping/park.py save BASE`` at the end, ``restore BASE`` before this runner starts). A started line is kept in
 ``QUEUE.running`` until its run ends (:func:`requeue_cut`): a runner that starts finds there the lines of runs an
 earlier runner started and never saw end (the session's end stopped both) and puts them back at the head of the
 queue, so a cut run resumes first, without anyone re-adding its line. The log
