@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
-import json
 import os
 import shlex
 import subprocess
@@ -47,7 +46,9 @@ from pathlib import Path
 
 import tomllib
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parent)]
+from park import checkpointed  # noqa: E402
+
 from fedblend.rundir import locked_by  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,20 +126,14 @@ def run_dir(line: Line, base: Path) -> Path:
 
 def share_left(line: Line, base: Path) -> float:
     """The share of the run's rounds still to run: 1 without a checkpoint; else the rounds after the last
-    checkpoint a resume restarts from (the last round in ``metrics.jsonl``, down to a multiple of the run's
-    ``checkpoint_every``) over its ``rounds``, both read from the run's ``config.toml``."""
+    checkpoint a resume restarts from (:func:`park.checkpointed`) over its ``rounds``, read from the run's
+    ``config.toml``."""
     d = run_dir(line, base)
-    if not (d / "checkpoint.pt").exists():
-        return 1.0
     try:
-        cfg = tomllib.loads((d / "config.toml").read_text())
-        rounds, every = int(cfg["rounds"]), int(cfg.get("checkpoint_every", 10))
-        last = max((int(json.loads(t)["round"]) for t in (d / "metrics.jsonl").read_text().splitlines()
-                    if t.strip()), default=0)
+        rounds = int(tomllib.loads((d / "config.toml").read_text())["rounds"])
     except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
-        return 1.0  # unreadable: assume the whole run
-    done = min(rounds, last - last % every if every > 0 else 0)
-    return max(0.0, 1.0 - done / rounds) if rounds > 0 else 1.0
+        return 1.0  # no run yet, or unreadable: assume the whole run
+    return max(0.0, 1.0 - checkpointed(d) / rounds) if rounds > 0 else 1.0
 
 
 def finished(line: Line, base: Path) -> bool:
