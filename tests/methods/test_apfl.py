@@ -165,3 +165,21 @@ def test_apfl_eval_model_trained_passes_the_contract_checks(tiny_fed, tmp_path):
     check_rounds_resume_and_loss(APFLTrained, tiny_fed, tmp_path)
     check_evaluation_leaves_states_unchanged(APFLTrained, tiny_fed)
     check_partial_participation(APFLTrained, tiny_fed)
+
+
+@pytest.mark.parametrize("spec", ["apfl", "apfl+ala"])
+def test_apfl_records_each_clients_alpha_per_round_besides_the_mean(tiny_fed, spec):
+    """``client_stats = ("apfl_alpha",)``: every round's ``stats_per_client`` holds each selected client's alpha,
+    whose mean is the row's ``apfl_alpha``; after the last round, the alphas the clients keep. With ``+ala`` the
+    transform's stats come after APFL's."""
+    sim = tiny_sim(tiny_fed, spec, {"alpha": 0.5}, rounds=2, lr=0.1)
+    assert sim.method.traits.per_client_stats[0] == "apfl_alpha"
+    assert ("ala_epochs" in sim.method.traits.per_client_stats) == (spec == "apfl+ala")
+    sim.run()
+    for m in sim.history:
+        pc = m["stats_per_client"]
+        assert pc["clients"] == m["selected"] and len(pc["apfl_alpha"]) == len(pc["clients"])
+        assert m["apfl_alpha"] == pytest.approx(sum(pc["apfl_alpha"]) / len(pc["clients"]))
+    last = sim.history[-1]["stats_per_client"]
+    assert last["apfl_alpha"] == [float(sim.store.get(c)["apfl"]["alpha"]) for c in last["clients"]]
+    assert len(set(last["apfl_alpha"])) > 1  # learned per client, not one value

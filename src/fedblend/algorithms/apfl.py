@@ -112,8 +112,9 @@ class APFL(Method):
 
     def declare(self, choice: str) -> Traits:
         """``w`` restarts from the received model (v_i and alpha_i are kept under "apfl"), so the client keeps no
-        model; the global side ``w`` of the mixture is the received global model (as FedAvg)."""
-        return Traits(keeps_model=False, evaluates_received_model=True,
+        model; the global side ``w`` of the mixture is the received global model (as FedAvg). Each client's
+        ``alpha_i`` is recorded per round (``stats_per_client``), besides its mean."""
+        return Traits(keeps_model=False, evaluates_received_model=True, client_stats=("apfl_alpha",),
                       eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its local "
                                  "model v_i and w = {}")
 

@@ -146,7 +146,8 @@ class FedFomo(Method):
              "ICLR 2021")
 
     def declare(self, choice: str) -> Traits:
-        return Traits(global_model=False, evaluates_own_model=True)  # a client evaluates its own model
+        # a client evaluates its own model; whether each client moved toward others' models is kept per client
+        return Traits(global_model=False, evaluates_own_model=True, client_stats=("fomo_moved",))
 
     def eval_models(self) -> dict[str, str]:
         return {"trained": "each client's own model after its last local training (no global model)"}

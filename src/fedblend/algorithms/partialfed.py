@@ -105,8 +105,10 @@ class PartialFed(FedAvg):
              "NeurIPS 2021 (PartialFed-Adaptive)")
 
     def declare(self, choice: str) -> Traits:
-        """The client keeps its model; the strategy is learned by plain code before the TrainSpec."""
-        return replace(super().declare(choice), keeps_model=True, own_loop=True)
+        """The client keeps its model; the strategy is learned by plain code before the TrainSpec; each client's
+        share of units taken from the global model is recorded per round (``stats_per_client``)."""
+        return replace(super().declare(choice), keeps_model=True, own_loop=True,
+                       client_stats=("partialfed_global_share",))
 
     def init_client(self, ctx: ClientCtx) -> State:
         units = sorted({unit_of(k, self.opts.unit) for k in ctx.run.init_params})

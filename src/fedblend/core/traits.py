@@ -67,12 +67,16 @@ class Traits:
     param_records: tuple[str, ...] = ("params",)
     #: names those records may carry besides the model's parameters (e.g. a learned scalar uploaded with the model)
     extra_entries: tuple[str, ...] = ()
+    #: prefixes of the client stats (``ctx.stats`` keys) the round's metrics also keep per client, in
+    #: ``stats_per_client``, besides their mean over the selected clients (e.g. APFL's learned ``apfl_alpha``)
+    client_stats: tuple[str, ...] = ()
     #: what the reported personalized accuracy evaluates, written into every result: declared, a template in which
     #: ``{}`` stands for the description of the ``[eval] model`` in force (:meth:`Method.eval_models`, composed
     #: with the transforms'), e.g. FedAvg-FT's ``"{}; then fine-tuned ..."``; resolved, the description itself
     eval_model: str = "{}"
     #: resolved, never declared: prefixes of the client stats the engine records per client
-    #: (``stats_per_client`` of the round's metrics) besides their mean over the selected clients: the transforms'
+    #: (``stats_per_client`` of the round's metrics) besides their mean over the selected clients: the method's
+    #: ``client_stats`` and the transforms'
     per_client_stats: tuple[str, ...] = ()
     #: resolved, never declared: the ``[eval] model`` in force, one of :meth:`Method.eval_choices`
     eval_choice: str = ""
@@ -154,8 +158,9 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
     """The built method's :class:`Traits` under ``[eval] model = request`` (None: the first choice, the method's
     paper's): its :meth:`~fedblend.core.method.Method.declare` of that choice, what it leaves open resolved (None fields, the
     evaluation description), composed with the transforms (a transform's model need, own loop, per-client stats
-    and evaluation description). While the choices are composed, ``method.traits`` holds the declaration of the
-    method's default choice, so a transform can word its choices after the host (ALA: ``global_model``)."""
+    after the method's own ``client_stats``, and evaluation description). While the choices are composed,
+    ``method.traits`` holds the declaration of the method's default choice, so a transform can word its choices
+    after the host (ALA: ``global_model``)."""
     own = own_eval_models(method)
     if not own:
         raise TypeError(f"{type(method).__name__}.eval_models() offers no [eval] model")
@@ -168,7 +173,8 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
     t = replace(returned(method, "declare", method.declare(choice)), **legacy_traits(method))
     if t.per_client_stats or t.eval_choice:
         raise TypeError(f"{type(method).__name__}.declare() sets per_client_stats or eval_choice, which are "
-                        f"resolved from the transforms and the [eval] model, not declared")
+                        f"resolved from the transforms and the [eval] model, not declared (a method's own per-client "
+                        f"stats: client_stats)")
     desc = choices[choice]
     if t.eval_transforms:
         for tr in method.transforms:
@@ -187,4 +193,5 @@ def resolve_traits(method: Method, request: str | None = None) -> Traits:
         keeps_model=t.keeps_model or any(tr.traits.needs_local_model for tr in method.transforms),
         own_loop=t.own_loop or any(tr.traits.own_loop for tr in method.transforms),
         param_records=tuple(t.param_records), extra_entries=tuple(t.extra_entries),
-        per_client_stats=tuple(p for tr in method.transforms for p in tr.traits.per_client_stats))
+        client_stats=tuple(t.client_stats),
+        per_client_stats=tuple(t.client_stats) + tuple(p for tr in method.transforms for p in tr.traits.per_client_stats))
