@@ -196,3 +196,60 @@ def test_fedfomo_client_left_without_a_batch_by_the_holdout_trains_nothing_and_i
     first = tiny_sim(tiny_fed, "fedfomo", {"m": 2}, rounds=1, seed=0, batch_size=bs, drop_last=True)
     first.run()
     assert same_state(first.server["models"][str(small)], dict(init))  # round 1: nothing received, nothing trained
+
+
+# ------------------------------------------------------------------------------- PFLlib's variant, as options
+# clientfomo.py / serverfomo.py (d832e76): L_i and the distances from old_model (the model before the last local
+# training), P = eye with the client's own upload a candidate, P grown by the raw gains.
+
+
+def test_fedfomo_raw_gains_by_hand_keep_their_sign():
+    from fedblend.algorithms.fedfomo import raw_gains
+
+    g = raw_gains(1.0, [0.5, 1.2, 0.8, 0.1], [2.0, 1.0, 0.5, 0.0])
+    assert torch.allclose(g, torch.tensor([0.25, -0.2, 0.4, 0.0], dtype=torch.float64))  # distance 0: 0
+
+
+def test_fedfomo_include_self_starts_p_at_the_identity_and_sends_the_clients_own_upload(tiny_fed):
+    sim = tiny_sim(tiny_fed, "fedfomo", {"m": 2, "include_self": True, "epsilon": 0.0}, rounds=1, seed=0)
+    assert torch.equal(sim.server["affinity"], torch.eye(4, dtype=torch.float64))
+    sim.run()
+    for cid in range(4):  # own affinity 1 beats every other's 0: the client's own upload is always among the M
+        ids = train_message(sim, cid).config["ids"]
+        assert cid in ids and len(ids) == 2
+    paper = tiny_sim(tiny_fed, "fedfomo", {"m": 2, "epsilon": 0.0}, rounds=1, seed=0)
+    paper.run()
+    assert all(cid not in train_message(paper, cid).config["ids"] for cid in range(4))
+
+
+@pytest.mark.parametrize("affinity", ["weights", "raw"])
+def test_fedfomo_before_training_baseline_scores_from_the_model_the_client_last_trained_from(tiny_fed, affinity):
+    """Round 2 by hand: with ``baseline = "before_training"`` the client keeps the model it started its last
+    training from (``fomo_start``); ``L_i`` and the distances are taken from it, the update is Eq. 5's normalised
+    mix (its own trained model unchanged when no weight is positive), and ``P``'s row grows by the weights or the
+    raw gains."""
+    from fedblend.algorithms.fedfomo import distance, fomo_update, fomo_weights, raw_gains
+    from fedblend.core.evaluation import evaluate_params
+    from tests.methods.common import specs_of
+
+    opts = {"m": 3, "include_self": True, "baseline": "before_training", "affinity": affinity, "epsilon": 0.0,
+            "holdout": 0.0}
+    sim = tiny_sim(tiny_fed, "fedfomo", opts, rounds=2, seed=0)
+    start = {n: t.clone() for n, t in sim.run_info.init_params.items()}
+    sim.run_round()
+    state = sim.store.get(0)
+    assert all(torch.equal(state["fomo_start"][n], start[n]) for n in start)  # round 1 trained from the initial model
+    msg = train_message(sim, 0)
+    models = [msg.params(f"m{k}") for k in range(len(msg.config["ids"]))]
+    ctx = sim.client_ctx(0, sim.next_round)
+    x, y = ctx.data.train_x, ctx.data.train_y
+    loss = [lo / n for _, lo, n in (evaluate_params(ctx.model, p, x, y) for p in [start, *models])]
+    dist = [distance(m, start) for m in models]
+    want_w = fomo_weights(loss[0], loss[1:], dist)
+    assert float(want_w.sum()) > 0  # something moves (the client's own trained upload at least)
+    want = fomo_update(state["params"], models, want_w)
+    log, reply, after = specs_of(sim, 0, msg, state)
+    assert all(torch.allclose(log[0][0].params[n], want[n], atol=1e-6) for n in want)  # trained from Eq. 5's mix
+    assert all(torch.allclose(after["fomo_start"][n], want[n], atol=1e-6) for n in want)
+    grows = raw_gains(loss[0], loss[1:], dist) if affinity == "raw" else want_w
+    assert torch.allclose(torch.tensor(reply.metrics["fomo_weights"], dtype=torch.float64), grows, atol=1e-9)

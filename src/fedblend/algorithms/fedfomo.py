@@ -35,6 +35,16 @@ Choices where the paper is silent (options): ``epsilon`` and its linear per-roun
 (exploration rate of the epsilon-greedy selection); ``candidates``: ``"stored"`` (every client whose model the
 server holds, paper Sec. 3.2: the server keeps the latest model of each client) or ``"last_round"`` (only the
 previous round's uploads, PFLlib).
+
+PFLlib's FedFomo (``clientfomo.py`` / ``serverfomo.py`` at d832e76) departs from Eq. 5-7 three times, each an
+option whose default is the paper: ``baseline = "before_training"`` scores ``L_i`` and measures the distances
+from the client's model *before* its last local training (PFLlib's ``old_model``, cloned after the previous
+round's mixing; the paper: the client's current model ``theta_i``); ``include_self`` makes the client's own
+stored upload a candidate and starts ``P`` at the identity (PFLlib's ``P = eye``, so the client's own trained
+model is always among its top-M and, against that baseline, weighted whenever training lowered the validation
+loss); ``affinity = "raw"`` adds the unnormalised, possibly negative ``(L_i(base) - L_i(theta_n)) / ||theta_n -
+base||`` to ``P`` (PFLlib's ``weight_vector``) instead of Eq. 7's weights. The update itself is Eq. 5 in every
+case: ``sum_n w_n theta_n`` with the normalised weights, the client's model unchanged when none is positive.
 """
 
 from __future__ import annotations
@@ -58,7 +68,8 @@ from fedblend.data.federated import ClientData
 @dataclass(frozen=True)
 class FedFomoOptions:
     CHOICES: ClassVar[dict] = {"val_split": ("val", "train"), "candidates": ("stored", "last_round"),
-                               "holdout_pick": ("random", "last")}
+                               "holdout_pick": ("random", "last"), "baseline": ("current", "before_training"),
+                               "affinity": ("weights", "raw")}
     RANGES: ClassVar[dict] = {"m": "[1, 100000]", "epsilon": "[0, 1]", "epsilon_decay": ">= 0", "holdout": "[0, 1)"}
 
     m: int = opt(5, "models downloaded per client and round (paper's M)")
@@ -71,13 +82,25 @@ class FedFomoOptions:
     holdout_pick: str = opt("random", '"random": a seeded random hold-out (authors\' code); "last": the last '
                                       "samples in the client's data order (PFLlib)")
     candidates: str = opt("stored", "\"stored\": every stored model; \"last_round\": the previous round's uploads")
+    baseline: str = opt("current", "the model L_i and the distances are taken from: \"current\" (the client's model, "
+                                   "Eq. 6) or \"before_training\" (its model before its last local training: PFLlib)")
+    include_self: bool = opt(False, "the client's own stored upload is a candidate and P starts at the identity "
+                                    "(PFLlib); the paper: other clients' models only")
+    affinity: str = opt("weights", "what P[i, n] grows by: Eq. 7's weights (\"weights\") or the unnormalised, "
+                                   "possibly negative (L_i(base) - L_i(theta_n)) / distance (\"raw\": PFLlib)")
+
+
+def raw_gains(own_loss: float, losses: Sequence[float], distances: Sequence[float]) -> torch.Tensor:
+    """Eq. 6 before its ``max(., 0)``: ``(L(theta_i) - L(theta_n)) / ||theta_n - theta_i||``, 0 for a model at
+    distance 0 (PFLlib's ``weight_vector``, which it adds to ``P`` as they are)."""
+    return torch.tensor([(own_loss - lo) / d if d > 0 else 0.0 for lo, d in zip(losses, distances)],
+                        dtype=torch.float64)
 
 
 def fomo_weights(own_loss: float, losses: Sequence[float], distances: Sequence[float]) -> torch.Tensor:
     """Eq. 6-7: ``w_n = max(L(theta_i) - L(theta_n), 0) / ||theta_n - theta_i||``, normalised to sum 1 (all zero
     when no model improves on the client's own). A model at distance 0 gets weight 0."""
-    w = torch.tensor([max(own_loss - lo, 0.0) / d if d > 0 else 0.0 for lo, d in zip(losses, distances)],
-                     dtype=torch.float64)
+    w = raw_gains(own_loss, losses, distances).clamp(min=0.0)
     total = float(w.sum())
     return w / total if total > 0 else w
 
@@ -155,7 +178,8 @@ class FedFomo(Method):
     # ------------------------------------------------------------------------------------------ server
     def init_server(self, sctx: ServerCtx) -> State:
         n = sctx.run.num_clients
-        return {"models": {}, "last_round": [], "affinity": torch.zeros(n, n, dtype=torch.float64)}
+        start = torch.eye if self.opts.include_self else torch.zeros  # PFLlib: P = eye
+        return {"models": {}, "last_round": [], "affinity": start(n, n, dtype=torch.float64)}
 
     def epsilon(self, rnd: int) -> float:
         return max(0.0, self.opts.epsilon - self.opts.epsilon_decay * rnd)
@@ -163,7 +187,7 @@ class FedFomo(Method):
     def configure_train(self, server: State, cid: int, sctx: ServerCtx) -> Message:
         """The ``M`` models chosen for client ``cid`` (records ``"m0"``, ``"m1"``, ...; ids in ``config``)."""
         pool = sorted(int(c) for c in server["models"]) if self.opts.candidates == "stored" else server["last_round"]
-        ids = select_models(server["affinity"][cid], [c for c in pool if c != cid], self.opts.m,
+        ids = select_models(server["affinity"][cid], [c for c in pool if c != cid or self.opts.include_self], self.opts.m,
                             self.epsilon(sctx.rnd), sctx.tree.torch("fomo-select", cid))
         return Message({f"m{k}": server["models"][str(c)] for k, c in enumerate(ids)}, config={"ids": ids})
 
@@ -207,20 +231,34 @@ class FedFomo(Method):
         return d.train_x, d.train_y
 
     def client_init(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
-        """Eq. 5-7 on the client's own model and the received ones (their weights kept for ``reply``)."""
+        """Eq. 5-7 on the client's own model and the received ones (what ``P`` grows by kept for ``reply``): the
+        losses and distances from the client's model (``baseline = "before_training"``: from its model before its
+        last local training), the update from its model."""
         own = cstate["params"]
+        base = cstate.get("fomo_start", own) if self.opts.baseline == "before_training" else own
         models = [msg.params(f"m{k}") for k in range(len(msg.config.get("ids", [])))]
         x, y = self.val_data(ctx)
         with torch.no_grad():
-            mean_loss = [lo / max(n, 1) for _, lo, n in (evaluate_params(ctx.model, p, x, y) for p in [own] + models)]
-        weights = fomo_weights(mean_loss[0], mean_loss[1:], [distance(m, own) for m in models])
-        ctx.scratch["fomo_weights"] = weights.tolist()
+            mean_loss = [lo / max(n, 1) for _, lo, n in (evaluate_params(ctx.model, p, x, y) for p in [base] + models)]
+        distances = [distance(m, base) for m in models]
+        weights = fomo_weights(mean_loss[0], mean_loss[1:], distances)
+        grows = raw_gains(mean_loss[0], mean_loss[1:], distances) if self.opts.affinity == "raw" else weights
+        ctx.scratch["fomo_weights"] = grows.tolist()
         if models:  # the round's share of receiving clients whose model moves (some w_n > 0); the rest keep theirs
             ctx.stats["fomo_moved"] = float(bool((weights > 0).any()))
         return fomo_update(own, models, weights)
 
+    def local_training(self, params: Params, msg: Message, cstate: State, ctx: ClientCtx):
+        """The template's training; with ``baseline = "before_training"`` the model it starts from is kept
+        (``fomo_start``: PFLlib's ``old_model``, the next round's baseline)."""
+        res, cstate = yield from super().local_training(params, msg, cstate, ctx)
+        if self.opts.baseline == "before_training":
+            cstate = {**cstate, "fomo_start": {n: t.detach().clone() for n, t in params.items()}}
+        return res, cstate
+
     def reply(self, res: TrainResult, msg: Message, cstate: State, ctx: ClientCtx) -> Message:
-        """The trained model and the weights ``client_init`` gave the received models (Eq. 7's affinity)."""
+        """The trained model and what ``P``'s row grows by for the received models (Eq. 7's weights, or with
+        ``affinity = "raw"`` the unnormalised gains)."""
         reply = super().reply(res, msg, cstate, ctx)
         reply.metrics.update(fomo_ids=list(msg.config.get("ids", [])), fomo_weights=ctx.scratch["fomo_weights"])
         return reply
