@@ -55,6 +55,7 @@ from typing import ClassVar
 
 import torch
 
+from fedblend.algorithms.fedfomo.holdout import holdout_rows, holdout_view
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
@@ -113,30 +114,6 @@ def fomo_update(own: Mapping[str, torch.Tensor], models: Sequence[Mapping[str, t
         delta = sum(float(w) * (m[k] - v) for w, m in zip(weights, models))
         out[k] = v + delta if len(models) else v.clone()
     return out
-
-
-def holdout_rows(n: int, fraction: float, pick: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of a client's ``n`` training samples it keeps for training and those it holds out as its
-    validation data (Eq. 6-7: ``L_i`` on validation data the client does not train on): ``floor(fraction *
-    n)`` held out, ``"random"``: a uniformly random subset drawn from ``generator`` (the authors' ``random_split``),
-    ``"last"``: the last rows (PFLlib's ``train_data[-int(0.2 n):]``). Both index tensors ascending; disjoint,
-    together ``range(n)``."""
-    held = int(fraction * n)
-    if pick == "last":
-        order = torch.arange(n)
-    elif pick == "random":
-        order = torch.randperm(n, generator=generator)
-    else:
-        raise ValueError(f"holdout_pick must be 'random' or 'last', got {pick!r}")
-    keep, out = order[: n - held], order[n - held:]
-    return keep.sort().values, out.sort().values
-
-
-def holdout_view(data: ClientData, keep: torch.Tensor, held: torch.Tensor) -> ClientData:
-    """The client's data with its training split cut in two: ``train`` = the kept rows, ``val`` = the held-out
-    rows; ``test`` unchanged."""
-    return ClientData(data.train_x[keep], data.train_y[keep], data.test_x, data.test_y,
-                      data.train_x[held], data.train_y[held])
 
 
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
