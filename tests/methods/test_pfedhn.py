@@ -74,3 +74,12 @@ def test_pfedhn_embed_decay_decays_every_embedding_row():
     on, _ = sgd_step(net, zero, sgd_init(net), 0.1, 0.9, 0.5, decay={"embed": True})
     off, _ = sgd_step(net, zero, sgd_init(net), 0.1, 0.9, 0.5, decay={"embed": False})
     assert torch.allclose(on["embed"], net["embed"] * (1 - 0.05)) and torch.equal(off["embed"], net["embed"])
+
+
+def test_pfedhn_grad_norm_records_the_gradient_applied_after_the_clip(tiny_fed):
+    """``pfedhn_grad_norm`` is the 2-norm of the hypernetwork gradient the step applies: ``grad_clip`` where the
+    clip acts, the unclipped norm (above it) where the clip is off."""
+    clipped = without_timings(tiny_sim(tiny_fed, "pfedhn", {"grad_clip": 1e-4}, rounds=2).run())
+    free = without_timings(tiny_sim(tiny_fed, "pfedhn", {"grad_clip": 0.0}, rounds=2).run())
+    assert all(r["pfedhn_grad_norm"] == pytest.approx(1e-4, rel=1e-5) for r in clipped)
+    assert all(r["pfedhn_grad_norm"] > 1e-3 for r in free)

@@ -30,7 +30,6 @@ framework scores for every method: each client's current local model).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -43,7 +42,7 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params
 from fedblend.core.method import ClientCtx, Message, Method, RunInfo, ServerCtx, State, Traits
-from fedblend.core.optim import clip_grad_norm, sgd_init, sgd_step
+from fedblend.core.optim import clip_grad_norm, global_norm, sgd_init, sgd_step
 from fedblend.core.template import record_training, shared_names, train_spec
 
 
@@ -136,18 +135,22 @@ class PFedHN(Method):
             return Message({"params": generate(server["hn"], cid, self._shapes(sctx.run))})
 
     def aggregate_train(self, server: State, replies: Mapping[int, Message], sctx: ServerCtx) -> State:
+        """Alg. 1 lines 8-10 (the mean over the replies where ``sequential = false``), the authors' clip and SGD;
+        ``pfedhn_grad_norm`` records the 2-norm of the gradient applied (after the clip)."""
         net, shapes = server["hn"], self._shapes(sctx.run)
         grads = None
         for cid in sorted(replies):
             g = hypernet_grads(net, cid, shapes, replies[cid].params())
             grads = g if grads is None else {k: grads[k] + g[k] for k in g}
-        grads = {k: v / len(replies) for k, v in grads.items()}
+        if len(replies) > 1:  # (a division by 1 changes no bit)
+            grads = {k: v / len(replies) for k, v in grads.items()}
         if self.opts.grad_clip:
-            grads = clip_grad_norm(grads, self.opts.grad_clip)
+            grads, sctx.stats["pfedhn_grad_norm"] = clip_grad_norm(grads, self.opts.grad_clip)
+        else:
+            sctx.stats["pfedhn_grad_norm"] = global_norm(list(grads.values()))
         lrs = {"embed": self.opts.embed_lr or self.opts.hn_lr}
         net, opt = sgd_step(net, grads, server["opt"], self.opts.hn_lr, self.opts.hn_momentum,
-                            self.opts.hn_weight_decay, lrs=lrs, decay={"embed": self.opts.embed_decay})
-        sctx.stats["pfedhn_grad_norm"] = float(math.sqrt(sum(float((g ** 2).sum()) for g in grads.values())))
+                            self.opts.hn_weight_decay, lrs=lrs, decay={"embed": self.opts.embed_decay}, donate=True)
         return {**server, "hn": net, "opt": opt}
 
     # ------------------------------------------------------------------------------------------ client

@@ -18,6 +18,7 @@ last bit), and their recorded results depend on it, so they keep it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -75,20 +76,67 @@ def sgd_init(net: Mapping[str, torch.Tensor]) -> dict:
     return {"buf": {k: torch.zeros_like(v) for k, v in net.items()}, "t": 0}
 
 
+#: elements per slice of :func:`sgd_step` and :func:`global_norm` on a CPU tensor: a slice of each input,
+#: output and temporary stays in cache, and no temporary the size of the tensor is allocated (on a CPU, a fresh
+#: allocation of a large tensor costs a page fault per 4 KiB page: for pFedHN's 58M-entry hypernetwork the
+#: temporaries of an unsliced step took longer than its arithmetic)
+SLICE = 1 << 15
+
+
 def sgd_step(net: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], opt: Mapping, lr: float,
              momentum: float = 0.0, weight_decay: float = 0.0, lrs: Mapping[str, float] | None = None,
-             decay: Mapping[str, bool] | None = None) -> tuple[Params, dict]:
+             decay: Mapping[str, bool] | None = None, donate: bool = False) -> tuple[Params, dict]:
     """One step of SGD with heavy-ball momentum (``torch.optim.SGD``'s update, :func:`sgd_direction`;
-    ``p = p - lr * b``); returns new tensors. ``lrs`` / ``decay`` override the learning rate / switch weight decay
-    off per tensor (``torch.optim`` parameter groups)."""
+    ``p = p - lr * b``); returns new tensors and leaves ``net`` and ``opt`` as they were. ``lrs`` / ``decay``
+    override the learning rate / switch weight decay off per tensor (``torch.optim`` parameter groups).
+
+    Every product is rounded before its sum, as in :func:`sgd_direction` (``g + fl(wd * p)``,
+    ``fl(mu * b) + d``, ``p - fl(lr * b)``): the rounding the recorded results hold. On a CPU the update runs slice
+    by slice (:data:`SLICE`) into the two new tensors, so its only allocations are the new parameters and the new
+    momentum buffer; ``donate = True`` lets the new parameters take the memory of ``grads`` (which the caller gives
+    up: they hold the new parameters afterwards)."""
     first = int(opt["t"]) == 0
     new, bufs = {}, {}
-    for k in net:
+    for k, p in net.items():
         wd = weight_decay if decay is None or decay.get(k, True) else 0.0
-        g = sgd_direction(grads[k], net[k], opt["buf"][k], momentum, wd, first)
-        bufs[k] = g.detach() if momentum else opt["buf"][k]
-        new[k] = (net[k] - (lrs or {}).get(k, lr) * g).detach()
+        g = grads[k]
+        own = donate and g.is_contiguous() and g.shape == p.shape and g.dtype == p.dtype and g.device == p.device
+        out = g if own else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+        buf = torch.empty(p.shape, dtype=p.dtype, device=p.device) if momentum else None
+        _sgd_update(p.reshape(-1), g.reshape(-1), None if first or not momentum else opt["buf"][k].reshape(-1),
+                    out.view(-1), None if buf is None else buf.view(-1), (lrs or {}).get(k, lr), momentum, wd)
+        new[k] = out
+        bufs[k] = buf if momentum else opt["buf"][k]
     return new, {"buf": bufs, "t": int(opt["t"]) + 1}
+
+
+@torch.no_grad()
+def _sgd_update(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor | None, out: torch.Tensor,
+                new_buf: torch.Tensor | None, lr: float, momentum: float, wd: float) -> None:
+    """:func:`sgd_step` on flat tensors: ``d = g + fl(wd * p)``; ``new_buf = fl(mu * buf) + d`` (``d`` on a fresh
+    buffer, ``buf = None``); ``out = p - fl(lr * new_buf)`` (``lr * d`` without momentum). ``out`` may be ``g``'s
+    memory: each slice of ``g`` is read before that slice of ``out`` is written."""
+    step = max(1, p.numel()) if p.device.type != "cpu" else SLICE
+    tmp = torch.empty(min(step, p.numel()), dtype=p.dtype, device=p.device)
+    for s in range(0, p.numel(), step):
+        e = min(s + step, p.numel())
+        t = tmp[:e - s]
+        if wd:
+            torch.mul(p[s:e], wd, out=t)
+            torch.add(g[s:e], t, out=t)
+        else:
+            t.copy_(g[s:e])
+        if new_buf is not None:
+            b = new_buf[s:e]
+            if buf is None:
+                b.copy_(t)
+            else:
+                torch.mul(buf[s:e], momentum, out=b)
+                b.add_(t)
+            torch.mul(b, lr, out=t)
+        else:
+            t.mul_(lr)
+        torch.sub(p[s:e], t, out=out[s:e])
 
 
 def adam_init(net: Mapping[str, torch.Tensor]) -> dict:
@@ -108,11 +156,28 @@ def adam_step(net: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]
     return new, {"m": m, "v": v, "t": t}
 
 
-def clip_grad_norm(grads: Mapping[str, torch.Tensor], max_norm: float) -> Params:
-    """``torch.nn.utils.clip_grad_norm_``: scale all gradients by ``max_norm / (total 2-norm + 1e-6)`` if below 1."""
-    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))
+def global_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The 2-norm of all ``tensors`` together, accumulated in float64 slice by slice (:data:`SLICE` on a CPU): exact
+    to double precision without a float64 copy of a whole tensor. (torch's float32 ``vector_norm`` is off by
+    ~0.4 % at 50M entries: measured on pFedHN's hypernetwork gradient.)"""
+    total = 0.0
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel()) if flat.device.type != "cpu" else SLICE
+        for s in range(0, flat.numel(), step):
+            total += float(flat[s:s + step].double().square().sum())
+    return math.sqrt(total)
+
+
+def clip_grad_norm(grads: Mapping[str, torch.Tensor], max_norm: float) -> tuple[Params, float]:
+    """``torch.nn.utils.clip_grad_norm_``'s rule (the authors' pFedHN code calls it): scale all gradients by
+    ``max_norm / (norm + 1e-6)`` where that is below 1, the norm of all of them together (:func:`global_norm`);
+    returns the gradients (the same tensors where nothing is scaled) and their 2-norm after the clip."""
+    total = global_norm(list(grads.values()))
     scale = min(1.0, float(max_norm / (total + 1e-6)))
-    return {k: g * scale for k, g in grads.items()}
+    if scale == 1.0:
+        return dict(grads), total
+    return {k: g * scale for k, g in grads.items()}, total * scale
 
 
 def minimise(net: Mapping[str, torch.Tensor], opt: Mapping, lr: float,
