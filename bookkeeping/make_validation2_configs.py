@@ -3,8 +3,9 @@ Each config is the first setting's (``configs/validation/<method>.toml``) with t
 and only the setting replaced. The defaults are the admitted setting (the eighth piloted): MNIST, a 15 % pool,
 Dir(1.0) over 50 clients (PFLlib's rule, >= 100 samples each), SGD lr 0.05, batch 10, last partial batch dropped,
 1 local epoch, all clients every round, 50 rounds. Plus ``fedavg-ft.toml`` (FedAvg's, with the method replaced),
-the second reference point of the paired table. The flags rebuild the settings of the earlier pilots (each stated
-in docs/validation-2.md before its run), e.g. the first one chosen:
+the second reference point of the paired table, and the methods no reference implements (``UNREFERENCED``: FedALP,
+FedAPA, FedProx, PartialFed), with their default options, for the paired table only. The flags rebuild the
+settings of the earlier pilots (each stated in docs/validation-2.md before its run), e.g. the first one chosen:
 
     python bookkeeping/make_validation2_configs.py [--src configs/validation] [--out configs/validation-2]
         [--dataset mnist] [--pool 0.15] [--alpha 1.0] [--rounds 50] [--lr 0.05]
@@ -31,6 +32,11 @@ DATASETS = {"fmnist": "Fashion-MNIST", "mnist": "MNIST"}
 #: options the first setting derived from its client count by the reference's formula, derived again for 50 clients:
 #: pFedHN's embedding size, FL-bench's int((1 + N) / 4) (5 at 20 clients, 12 at 50; configs/validation/pfedhn.toml)
 PER_CLIENTS = {"pfedhn": {"embed_dim": lambda n: int((1 + n) / 4)}}
+#: methods without a reference implementation on either setting (docs/validation.md): their rows are the paired table's
+#: only (each against Local and FedAvg-FT), run with their default options on FedAvg's config. pFedRLLA is not among
+#: them: its agent acts at random for its first ``random_rounds`` (50), the whole of this setting's budget, so a run
+#: here would show its random exploration, not its mechanism (the 500-round T4 rows do: docs/benchmarks.md)
+UNREFERENCED = ("fedalp", "fedapa", "fedprox", "partialfed")
 HEADER = ("# The second validation setting (docs/validation-2.md, issue #51): {dataset}, a {pool:g} pool, "
           "Dir({alpha:g})\n# over 50 clients (PFLlib's rule), cnn4, SGD lr {lr:g} (PFLlib's default: 0.005), "
           "batch 10,\n# drop_last, 1 local "
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.05, help="the clients' SGD step size (PFLlib's default 0.005)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    plan = [(f.stem, f.stem) for f in sorted(a.src.glob("*.toml"))] + [("fedavg", "fedavg-ft")]
+    plan = [(f.stem, f.stem) for f in sorted(a.src.glob("*.toml"))] + [("fedavg", m) for m in ("fedavg-ft", *UNREFERENCED)]
     for src, method in plan:
         cfg = tomllib.loads((a.src / f"{src}.toml").read_text())
         if method != src:
@@ -82,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"setting's at 20.\n" for k in PER_CLIENTS.get(method, {}))
         text = HEADER.format(dataset=DATASETS[a.dataset], pool=a.pool, alpha=a.alpha, rounds=a.rounds, lr=a.lr,
                              src=src) + derived + tomli_w.dumps(setting)
+        if method in UNREFERENCED:
+            text = text.replace(f"method options as in configs/validation/{src}.toml.",
+                                "the method's default options\n# (no reference implementation: the paired table only).")
         (a.out / f"{method}.toml").write_text(text)
     print(f"{len(plan)} configs in {a.out}")
     return 0

@@ -67,3 +67,16 @@ def test_an_option_the_first_setting_derived_from_its_client_count_is_derived_ag
     assert second["options"]["embed_dim"] == int((1 + 50) / 4) == 12  # ... and at the second setting's 50 clients
     assert {k: v for k, v in second["options"].items() if k != "embed_dim"} == \
         {k: v for k, v in first["options"].items() if k != "embed_dim"}
+
+
+def test_methods_without_a_reference_get_fedavgs_setting_and_their_default_options():
+    """FedALP, FedAPA, FedProx, PartialFed (no reference implementation) are written for the paired table: FedAvg's
+    first-setting config moved to the second setting, the method replaced, no options (their defaults)."""
+    mod = load_script("make_validation2_configs", "bookkeeping")
+    fedavg = tomllib.loads((ROOT / "configs" / "validation-2" / "fedavg.toml").read_text())
+    for method in mod.UNREFERENCED:
+        text = (ROOT / "configs" / "validation-2" / f"{method}.toml").read_text()
+        cfg = tomllib.loads(text)
+        assert cfg["method"] == method and "options" not in cfg and "no reference implementation" in text
+        assert {k: v for k, v in cfg.items() if k not in ("method", "name")} == \
+            {k: v for k, v in fedavg.items() if k not in ("method", "name")}
