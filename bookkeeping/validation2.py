@@ -24,6 +24,7 @@ paired table (each method against Local and FedAvg-FT, paired by seed) is :func:
     python bookkeeping/validation2.py results/validation-2     # the verdicts and the paired table, markdown
     python bookkeeping/validation2.py collect CAMPAIGN/runs    # finished runs of both settings into results/
     python bookkeeping/validation2.py rounds results/validation-2/fedavg   # one method, round by round (rule 1)
+    python bookkeeping/validation2.py left > queue.txt          # fedblend's missing seeds (campaign.py's queue)
 
 ``bookkeeping/tables.py`` writes both into docs/validation-2.md (blocks ``validation2-verdicts``,
 ``validation2-paired``).
@@ -478,6 +479,44 @@ def rounds_report(folder: Path, layout=second_setting_curves) -> str:
     return "\n".join(lines)
 
 
+SEEDS = (0, 1, 2)  # three runs a side
+
+
+def _config_commit(config: Path) -> str | None:
+    """The ``# git_commit:`` a run's ``config.toml`` header records (None when absent)."""
+    for line in config.read_text().splitlines():
+        if line.startswith("# git_commit: "):
+            return line.split(": ", 1)[1].strip().removesuffix("+dirty")
+    return None
+
+
+def left(configs: Path, results: Path, out_root: str = "runs") -> list[str]:
+    """What the second setting still lacks: for each ``configs/<method>.toml``, fedblend's missing seeds of
+    :data:`SEEDS` as queue lines for ``bookkeeping/campaign.py`` (``MINUTES<TAB>COMMIT<TAB>COMMAND``: the method's
+    committed runs' commit and mean minutes, else ``HEAD`` and ``?``; a seed that exists but did not finish counts
+    as missing), then one comment line per method whose first setting has a reference but whose
+    ``reference.json`` here has fewer than three runs (the reference side is run by hand: docs/validation-2.md)."""
+    lines, refs = [], []
+    for config in sorted(configs.glob("*.toml")):
+        method = config.stem
+        runs = results / method / "fedblend"
+        have = set(fedblend_curves(runs)) | set(diverged_seeds(runs))
+        done = [runs / f"seed{s}" for s in sorted(have)]
+        commit = next((c for d in done if (d / "config.toml").exists() and (c := _config_commit(d / "config.toml"))),
+                      "HEAD")
+        minutes = [json.loads((d / "summary.json").read_text()) for d in done]
+        minutes = [m["seconds_per_round"] * m["rounds"] / 60 for m in minutes if m.get("seconds_per_round")]
+        cost = f"{statistics.mean(minutes):.0f}" if minutes else "?"
+        for seed in (s for s in SEEDS if s not in have):
+            lines.append(f"{cost}\t{commit}\tfedblend run {config.as_posix()} --set seed={seed} "
+                         f"--out {out_root}/validation-2/{method}/seed{seed}")
+        ref, first = results / method / "reference.json", results.parent / "validation" / method / "reference.json"
+        n = len(json.loads(ref.read_text()).get("runs", [])) if ref.exists() else 0
+        if first.exists() and "acc" in json.loads(first.read_text()) and n < len(SEEDS):
+            refs.append(f"# reference {method}: {n} of {len(SEEDS)} runs in {ref}")
+    return lines + refs
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["rounds"]:  # validation2.py rounds results/validation[-2]/<method>
@@ -487,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["collect"]:  # validation2.py collect RUNS [RESULTS]
         copied, kept = collect(Path(args[1]), Path(args[2] if len(args) > 2 else "results"))
         print("\n".join([*map(str, copied), *(f"{p}: already there, left as it is" for p in kept)]))
+        return 0
+    if args[:1] == ["left"]:  # validation2.py left [CONFIGS [RESULTS]]
+        configs = Path(args[1] if len(args) > 1 else "configs/validation-2")
+        print("\n".join(left(configs, Path(args[2] if len(args) > 2 else "results/validation-2"))))
         return 0
     root = Path((args or ["results/validation-2"])[0])
     print(render_verdicts(root) + "\n\n" + render_paired(root))

@@ -293,3 +293,37 @@ def test_rounds_report_shows_each_run_and_marks_the_same_rounds_inside_as_the_ru
     (close / "reference.json").write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="both sides"):
         v2.rounds_report(close, v2.first_setting_curves)
+
+
+def test_left_lists_missing_seeds_at_their_runs_commit_and_references_short_of_three(v2, tmp_path):
+    """``validation2.py left``: a queue line per missing seed (at the commit and minutes of the method's runs; HEAD
+    and ``?`` without runs), a cut run counted as missing, a diverged one as done; a comment per method whose first
+    setting has a reference and whose second-setting reference has fewer than three runs."""
+    configs, results = tmp_path / "configs", tmp_path / "results" / "validation-2"
+    configs.mkdir()
+    for m in ("ditto", "fedrep", "apple"):
+        (configs / f"{m}.toml").write_text("")
+    _runs(results / "ditto", [85])
+    run = results / "ditto" / "fedblend" / "seed0"
+    (run / "config.toml").write_text("# git_commit: abc123+dirty\nmethod = 'ditto'\n")
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "seconds_per_round": 6.0, "rounds": 50}))
+    cut = results / "ditto" / "fedblend" / "seed1"
+    cut.mkdir()
+    (cut / "summary.json").write_text(json.dumps({"status": "running"}))
+    for seed in range(3):  # every APPLE seed diverged: a result, nothing left to run
+        d = results / "apple" / "fedblend" / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "diverged", "diverged_round": 1}))
+        (d / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc": 0.1}) + "\n")
+    (results / "ditto" / "reference.json").write_text(json.dumps({"runs": [[0.9] * 50] * 3}))
+    first = tmp_path / "results" / "validation"
+    for m in ("ditto", "fedrep"):
+        (first / m).mkdir(parents=True)
+        (first / m / "reference.json").write_text(json.dumps({"acc": [0.9] * 20}))
+    lines = v2.left(configs, results)
+    assert lines == [
+        f"5\tabc123\tfedblend run {configs.as_posix()}/ditto.toml --set seed=1 --out runs/validation-2/ditto/seed1",
+        f"5\tabc123\tfedblend run {configs.as_posix()}/ditto.toml --set seed=2 --out runs/validation-2/ditto/seed2",
+        *(f"?\tHEAD\tfedblend run {configs.as_posix()}/fedrep.toml --set seed={s} --out runs/validation-2/fedrep/seed{s}"
+          for s in range(3)),
+        f"# reference fedrep: 0 of 3 runs in {results / 'fedrep' / 'reference.json'}"]
