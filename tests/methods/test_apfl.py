@@ -183,3 +183,42 @@ def test_apfl_records_each_clients_alpha_per_round_besides_the_mean(tiny_fed, sp
     last = sim.history[-1]["stats_per_client"]
     assert last["apfl_alpha"] == [float(sim.store.get(c)["apfl"]["alpha"]) for c in last["clients"]]
     assert len(set(last["apfl_alpha"])) > 1  # learned per client, not one value
+
+
+@pytest.mark.parametrize("local_loss", ["mixture", "own"])
+def test_apfl_alpha_after_steps_takes_eq10s_gradient_at_the_stepped_models(tiny_fed, local_loss):
+    """``alpha_order = "after_steps"`` (PFLlib): ``w`` and ``v_i`` take the spec path's steps bit for bit, then
+    ``alpha_i`` takes Eq. 10's gradient (+ ``alpha_reg``) at the *stepped* ``v_i`` and ``w`` on the same batch, not
+    at the values before the step (which the default takes)."""
+    lr, alpha, reg = 0.05, 0.3, 0.4
+    got = {}
+    for order in ("simultaneous", "after_steps"):
+        sim = tiny_sim(tiny_fed, "apfl", {"alpha": alpha, "alpha_reg": reg, "local_loss": local_loss,
+                                          "alpha_order": order}, rounds=1, batch_size=FULL_BATCH, lr=lr)
+        msg = train_message(sim, 0)
+        state = sim.method.init_client(sim.client_ctx(0, 0))
+        v = perturbed(state["apfl"]["v"], scale=0.3, seed=2)
+        state = {**state, "apfl": {**state["apfl"], "v": v}}
+        got[order] = (*specs_of(sim, 0, msg, state), msg, v, sim)
+    log, reply, new, msg, v, sim = got["after_steps"]
+    _, reply0, new0, *_ = got["simultaneous"]
+    assert log == [] and sim.method.traits.own_loop  # a loop of its own, run one by one by a batching backend
+    assert same_state(reply.params(), reply0.params()) and same_state(new["apfl"]["v"], new0["apfl"]["v"])
+    d, model = tiny_fed.clients[0], sim.run_info.model
+    w1, v1 = reply.params(), new["apfl"]["v"]  # v before the overwrite-free keep: the stepped v_i
+    g = ce_grad(model, mix(v1, w1, alpha), d.train_x, d.train_y)
+    g_alpha = sum(float(((v1[k] - w1[k]) * g[k]).sum()) for k in w1)
+    assert abs(float(new["apfl"]["alpha"]) - (alpha - lr * (g_alpha + reg * alpha))) < 1e-6
+    assert abs(float(new["apfl"]["alpha"]) - float(new0["apfl"]["alpha"])) > 1e-6  # not the simultaneous step
+
+
+def test_apfl_alpha_after_steps_with_alpha_fixed_is_the_spec_path_bit_for_bit(tiny_fed):
+    """With ``adaptive = false`` the own loop is the spec path: same batches, same steps, momentum kept."""
+    kw = dict(rounds=2, seed=4, momentum=0.5, optimizer_state="keep")
+    runs = [tiny_sim(tiny_fed, "apfl", {"alpha": 0.4, "adaptive": False, "local_loss": "own", "alpha_order": o}, **kw)
+            for o in ("simultaneous", "after_steps")]
+    for sim in runs:
+        sim.run()
+    keys = ("acc", "global_acc", "train_loss")
+    assert [[m[k] for k in keys] for m in runs[0].history] == [[m[k] for k in keys] for m in runs[1].history]
+    assert all(same_state(runs[0].store.states[c], runs[1].store.states[c]) for c in runs[0].store.states)

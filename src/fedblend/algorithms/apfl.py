@@ -30,7 +30,11 @@ step). PFLlib's APFL differs from the paper in two more ways, each an option: ``
 ``v_i`` along its own loss's gradient ``grad f(v_i)`` instead of the mixture's ``alpha_i grad f(v_bar_i)``
 (``alpha_i`` keeps Eq. 10's gradient), and ``overwrite`` replaces ``v_i`` by the mixture ``alpha_i v_i + (1 -
 alpha_i) w`` (``w`` the client's trained copy) after each round's training, and evaluates ``v_i`` as it is
-(PFLlib's ``model_per``; ``[eval] model`` then does not apply). (PFLlib's ``alpha`` gradient is
+(PFLlib's ``model_per``; ``[eval] model`` then does not apply). ``alpha_order = "after_steps"`` takes
+``alpha_i``'s gradient (still Eq. 10's) on the step's batch at ``v_i`` and ``w`` *after* their steps, as PFLlib's
+``alpha_update`` runs after both optimizer steps, and projects ``alpha_i`` after every step (the authors'
+code); this is a loop of the method's own (:meth:`APFL.after_steps`, ``Traits.own_loop``), where ``alpha_i``
+takes plain SGD steps (no momentum or weight decay of its own). (PFLlib's ``alpha`` gradient is
 ``<v - w, alpha grad f(v) + (1 - alpha) grad f(w)>``, a linearisation of Eq. 10's; here it stays Eq. 10's.)
 ``v_i`` starts at the initial model (as ``w``).
 
@@ -56,8 +60,9 @@ from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, clone, flatten, unflatten
 from fedblend.core.method import ClientCtx, Message, Method, State, Traits
+from fedblend.core.optim import SGD
 from fedblend.core.template import record_training, train_spec
-from fedblend.core.training import LossTerm, TrainResult
+from fedblend.core.training import Batch, LossTerm, TrainResult, batch_rows, forward
 
 LOCAL = "apfl_v"
 ALPHA = "apfl_alpha"
@@ -65,7 +70,7 @@ ALPHA = "apfl_alpha"
 
 @dataclass(frozen=True)
 class APFLOptions:
-    CHOICES: ClassVar[dict] = {"local_loss": ("mixture", "own")}
+    CHOICES: ClassVar[dict] = {"local_loss": ("mixture", "own"), "alpha_order": ("simultaneous", "after_steps")}
     RANGES: ClassVar[dict] = {"alpha": "[0, 1]", "alpha_reg": ">= 0"}
     alpha: float = opt(0.5, "initial mixing weight alpha_i of Eq. 3 (the paper does not fix one for adaptive runs)")
     adaptive: bool = opt(True, "learn alpha_i by Eq. 10 (False: alpha stays at its initial value)")
@@ -76,6 +81,9 @@ class APFLOptions:
                                      "paper's Alg. 1, the authors' code) or its own loss's grad f(v_i) (\"own\": PFLlib)")
     overwrite: bool = opt(False, "after each round's training v_i <- alpha_i v_i + (1 - alpha_i) w with w the client's "
                                  "trained copy (PFLlib's model_per; the paper and the authors' code keep v_i)")
+    alpha_order: str = opt("simultaneous", "alpha_i's gradient at the values before the step, with w's and v_i's "
+                                           "(\"simultaneous\": the paper's Alg. 1) or at v_i and w after their steps on "
+                                           "the same batch, alpha_i projected per step (\"after_steps\": PFLlib)")
 
 
 def mix(local: Params, glob: Params, alpha: torch.Tensor | float) -> Params:
@@ -115,6 +123,7 @@ class APFL(Method):
         model; the global side ``w`` of the mixture is the received global model (as FedAvg). Each client's
         ``alpha_i`` is recorded per round (``stats_per_client``), besides its mean."""
         return Traits(keeps_model=False, evaluates_received_model=True, client_stats=("apfl_alpha",),
+                      own_loop=self.opts.alpha_order == "after_steps",
                       eval_model="each client's mixture alpha_i v_i + (1 - alpha_i) w (APFL Eq. 3) of its local "
                                  "model v_i and w = {}")
 
@@ -132,7 +141,11 @@ class APFL(Method):
         terms = (LossTerm(mixture_loss, {"names": names, "own": own}, name="apfl_mixture"),)
         if self.opts.adaptive and self.opts.alpha_reg:
             terms += (LossTerm(alpha_penalty, {"coef": self.opts.alpha_reg}, name="apfl_alpha_reg", uses_batch=False),)
-        res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=terms)
+        if self.opts.alpha_order == "after_steps":
+            yield from ()  # a loop of its own: no spec
+            res = self.after_steps(work, names, cstate, ctx)
+        else:
+            res = yield train_spec(self, work, msg, cstate, ctx, trainable=trainable, loss_terms=terms)
         cstate = record_training(res, cstate, ctx)
         alpha = res.params[ALPHA].clamp(0.0, 1.0) if self.opts.clip else res.params[ALPHA]
         ctx.stats["apfl_alpha"] = float(alpha)
@@ -145,6 +158,36 @@ class APFL(Method):
             kept["w"] = {n: t.clone() for n, t in w.items()}
         cstate = {**cstate, "apfl": kept}
         return TrainResult(w, res.momentum, res.mean_loss, res.steps, res.samples), cstate
+
+    def after_steps(self, work: Params, names: list[str], cstate: State, ctx: ClientCtx) -> TrainResult:
+        """``alpha_order = "after_steps"`` (PFLlib's ``clientapfl.py``): per batch of the spec path's draws, ``w``'s
+        and ``v_i``'s steps as the spec takes them, then ``alpha_i <- alpha_i - eta (<v_i - w, grad f(alpha_i v_i +
+        (1 - alpha_i) w)> + alpha_reg alpha_i)`` at the new ``v_i`` and ``w`` on the same batch, projected to [0, 1]
+        per step (``clip``). The loss reported is ``f(w)``'s, as the spec path's."""
+        cfg, x, y = ctx.train, ctx.data.train_x, ctx.data.train_y
+        rows, lens = batch_rows(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last)
+        p = {k: v.detach().clone() for k, v in work.items()}
+        if not lens:
+            return TrainResult(p, None, float("nan"), 0, 0)
+        learn, opt = [*names, LOCAL], SGD(cfg.lr, cfg.momentum, cfg.weight_decay)
+        kept = (cstate.get("momentum") or {}) if cfg.optimizer_state == "keep" else {}
+        leaves = [p[n].requires_grad_(True) for n in learn]
+        bufs = opt.init(leaves, [kept.get(n) for n in learn])
+        own, total = self.opts.local_loss == "own", 0.0
+        for s, k in enumerate(lens):
+            b = Batch(x[rows[s, :k]], y[rows[s, :k]], None, model=ctx.model)
+            data_loss = F.cross_entropy(forward(ctx.model, {n: p[n] for n in names}, b.x)[0], b.y)
+            loss = data_loss + mixture_loss(p, b, names, own)
+            opt.update_(leaves, torch.autograd.grad(loss, leaves), bufs)
+            total += float(data_loss.detach()) * k
+            if self.opts.adaptive:
+                a = p[ALPHA].detach().requires_grad_(True)
+                (g,) = torch.autograd.grad(mixture_loss({**p, ALPHA: a}, b, names, own), [a])
+                with torch.no_grad():
+                    a = a - cfg.lr * (g + self.opts.alpha_reg * a)
+                    p[ALPHA] = a.clamp(0.0, 1.0) if self.opts.clip else a
+        moms = dict(zip(learn, bufs)) or None
+        return TrainResult({k: v.detach() for k, v in p.items()}, moms, total / sum(lens), len(lens), sum(lens))
 
     def eval_params(self, msg: Message, cstate: State, ctx: ClientCtx) -> Params:
         """Eq. 3: ``alpha_i v_i + (1 - alpha_i) w`` with ``w`` the received global model, or, with a transform
