@@ -482,12 +482,15 @@ def rounds_report(folder: Path, layout=second_setting_curves) -> str:
 SEEDS = (0, 1, 2)  # three runs a side
 
 
-def _config_commit(config: Path) -> str | None:
-    """The ``# git_commit:`` a run's ``config.toml`` header records (None when absent)."""
-    for line in config.read_text().splitlines():
-        if line.startswith("# git_commit: "):
-            return line.split(": ", 1)[1].strip().removesuffix("+dirty")
-    return None
+def _tables():
+    """bookkeeping/tables.py (not a package: loaded from its path), for its run-header and run-cost readers."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fedblend_tables", Path(__file__).with_name("tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fedblend_tables", mod)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def left(configs: Path, results: Path, out_root: str = "runs") -> list[str]:
@@ -496,17 +499,16 @@ def left(configs: Path, results: Path, out_root: str = "runs") -> list[str]:
     committed runs' commit and mean minutes, else ``HEAD`` and ``?``; a seed that exists but did not finish counts
     as missing), then one comment line per method whose first setting has a reference but whose
     ``reference.json`` here has fewer than three runs (the reference side is run by hand: docs/validation-2.md)."""
-    lines, refs = [], []
+    tables, lines, refs = _tables(), [], []
     for config in sorted(configs.glob("*.toml")):
         method = config.stem
         runs = results / method / "fedblend"
         have = set(fedblend_curves(runs)) | set(diverged_seeds(runs))
         done = [runs / f"seed{s}" for s in sorted(have)]
-        commit = next((c for d in done if (d / "config.toml").exists() and (c := _config_commit(d / "config.toml"))),
-                      "HEAD")
-        minutes = [json.loads((d / "summary.json").read_text()) for d in done]
-        minutes = [m["seconds_per_round"] * m["rounds"] / 60 for m in minutes if m.get("seconds_per_round")]
-        cost = f"{statistics.mean(minutes):.0f}" if minutes else "?"
+        commit = next((c.removesuffix("+dirty") for d in done if (d / "config.toml").exists()
+                       and (c := tables.header_field(d / "config.toml", "git_commit"))), "HEAD")
+        minutes = tables.run_minutes([json.loads((d / "summary.json").read_text()) for d in done])
+        cost = "?" if minutes is None else f"{minutes:.0f}"
         for seed in (s for s in SEEDS if s not in have):
             lines.append(f"{cost}\t{commit}\tfedblend run {config.as_posix()} --set seed={seed} "
                          f"--out {out_root}/validation-2/{method}/seed{seed}")
