@@ -75,7 +75,9 @@ def test_apple_step_with_a_kept_buffer_equals_autograd_through_the_stacked_cores
         own_t = {k: v.detach().clone().requires_grad_(True) for k, v in b_own.items()}
         p = b_dr.detach().clone().requires_grad_(True)
         stacked = {k: torch.cat([cores[k][:2], own_t[k].unsqueeze(0), cores[k][3:]]) for k in own_t}
-        loss = F.cross_entropy(functional_call(model, mixture(p, stacked), (x,)), y)
+        whole = {k: (v.to(torch.float64) * p.to(torch.float64).view((-1,) + (1,) * (v.dim() - 1))).sum(0).to(v.dtype)
+                 for k, v in stacked.items()}  # Eq. 2 as one tensor expression, autograd's gradients through it
+        loss = F.cross_entropy(functional_call(model, whole, (x,)), y)
         grads = torch.autograd.grad(loss, list(own_t.values()) + [p])
         b_own = {k: (v - 0.5 * gr).detach() for (k, v), gr in zip(own_t.items(), grads[:-1])}
         b_dr = (p - 0.1 * (grads[-1] + 0.2 * (p - prior))).detach()
@@ -145,7 +147,9 @@ def test_apple_step_with_momentum_is_torch_sgd_over_the_own_core_and_the_dr_vect
                                     momentum=0.9, velocity=velocity)
         opt.zero_grad()
         stacked = {k: torch.cat([own_t[k].unsqueeze(0), cores[k][1:]]) for k in own_t}
-        loss = F.cross_entropy(functional_call(model, mixture(p, stacked), (x,)), y) + 0.15 * ((p - prior) ** 2).sum()
+        whole = {k: (v.to(torch.float64) * p.to(torch.float64).view((-1,) + (1,) * (v.dim() - 1))).sum(0).to(v.dtype)
+                 for k, v in stacked.items()}  # Eq. 2 as one tensor expression, autograd's gradients through it
+        loss = F.cross_entropy(functional_call(model, whole, (x,)), y) + 0.15 * ((p - prior) ** 2).sum()
         loss.backward()
         opt.step()
     for k in own:

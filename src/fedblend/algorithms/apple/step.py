@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedblend.algorithms.parts.rows import aggregate_row
+from fedblend.algorithms.parts.rows import aggregate_row, row_dots, weighted_sum
 from fedblend.common.params import Params
 
 
@@ -24,28 +24,27 @@ class _MixtureWithOwnRow(torch.autograd.Function):
     """``sum_j p_j c_j`` (float64, as :func:`mixture`) where row ``cid`` of the stacked cores is the client's own
     core: the other rows are a float64 buffer kept for the whole local training (only row ``cid`` is rewritten
     each step), instead of re-stacking and converting every client's core for every batch. Forward and backward
-    run the same tensor operations as autograd through ``cat`` / ``to`` / ``mul`` / ``sum``, so results are equal
-    bit for bit (tested); the gradient of the full stacked tensor is never formed, only its row ``cid``."""
+    compute what autograd through ``cat`` / ``to`` / ``mul`` / ``sum`` does, bit for bit (tested), slice by slice
+    (:func:`~fedblend.algorithms.parts.rows.weighted_sum`, :func:`~fedblend.algorithms.parts.rows.row_dots`); the
+    gradient of the full stacked tensor is never formed, only its row ``cid``."""
 
     @staticmethod
     def forward(ctx, p: torch.Tensor, own: torch.Tensor, buffer64: torch.Tensor, cid: int,
                 p_scale: float | None = None) -> torch.Tensor:
         buffer64[cid].copy_(own.detach())
-        shape = (-1,) + (1,) * (buffer64.dim() - 1)
-        p64 = p.detach().to(torch.float64).view(shape)
+        p64 = p.detach().to(torch.float64)
         ctx.save_for_backward(p64)
         ctx.buffer64, ctx.cid, ctx.p_dtype, ctx.own_dtype, ctx.p_scale = buffer64, cid, p.dtype, own.dtype, p_scale
-        return (buffer64 * p64).sum(0).to(own.dtype)
+        return weighted_sum(p64, buffer64, own.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (p64,) = ctx.saved_tensors
-        t64 = ctx.buffer64
-        g = grad_out.to(torch.float64).unsqueeze(0).expand_as(t64)
-        grad_p = (g * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1)
+        g = grad_out.to(torch.float64)
+        grad_p = row_dots(g, ctx.buffer64)
         if ctx.p_scale is not None:  # dr_grad = "mean": this tensor's share of PFLlib's mean of element-wise means
             grad_p = grad_p * ctx.p_scale
-        grad_own = (g[ctx.cid] * p64[ctx.cid]).to(ctx.own_dtype)
+        grad_own = (g * p64[ctx.cid]).to(ctx.own_dtype)
         return grad_p.to(ctx.p_dtype), grad_own, None, None, None
 
 
