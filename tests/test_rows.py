@@ -35,10 +35,12 @@ def test_weighted_sum_equals_the_whole_tensor_expression_bit_for_bit(shape, m):
 def test_row_dots_equal_the_whole_tensor_reduction_bit_for_bit(shape):
     gen = torch.Generator().manual_seed(3)
     with one_thread():
-        t64 = torch.randn(50, *shape, generator=gen, dtype=torch.float64)
         g = torch.randn(*shape, generator=gen, dtype=torch.float64)
-        whole = (g.unsqueeze(0).expand_as(t64) * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1)
-        assert torch.equal(row_dots(g, t64), whole)
+        for dtype in (torch.float64, torch.float32):
+            t = torch.randn(50, *shape, generator=gen, dtype=dtype)
+            t64 = t.to(torch.float64)
+            whole = (g.unsqueeze(0).expand_as(t64) * t64).sum(tuple(range(1, t64.dim())), keepdim=True).view(-1)
+            assert torch.equal(row_dots(g, t), whole)
 
 
 @pytest.mark.parametrize("shape", [(2 * COLS + 5,), (64, 32, 5, 5)])

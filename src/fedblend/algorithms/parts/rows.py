@@ -50,11 +50,11 @@ def weighted_sum(row: torch.Tensor, t: torch.Tensor, dtype: torch.dtype | None =
     return out.view(t.shape[1:])
 
 
-def row_dots(g: torch.Tensor, t64: torch.Tensor) -> torch.Tensor:
-    """``<g, t64_j>`` for every row ``j`` of the float64 ``t64`` (``g`` in float64 as well): bit for bit
-    ``(g.unsqueeze(0) * t64).sum(dims 1..)``, the gradient of :func:`weighted_sum` with respect to the row, one
-    row at a time."""
-    return torch.stack([(g * t64[j]).sum() for j in range(t64.shape[0])])
+def row_dots(g: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``<g, t_j>`` in float64 for every row ``j`` of ``t`` (``g`` in float64): bit for bit
+    ``(g.unsqueeze(0) * t.to(float64)).sum(dims 1..)``, the gradient of :func:`weighted_sum` with respect to the
+    row, one row at a time (each row converted on its own)."""
+    return torch.stack([(g * t[j].to(torch.float64)).sum() for j in range(t.shape[0])])
 
 
 class _WeightedSum(torch.autograd.Function):
@@ -72,7 +72,7 @@ class _WeightedSum(torch.autograd.Function):
         g = grad_out.to(torch.float64)
         grad_row = grad_t = None
         if ctx.needs_input_grad[0]:
-            grad_row = row_dots(g, t.detach().to(torch.float64)).to(row.dtype)
+            grad_row = row_dots(g, t.detach()).to(row.dtype)
         if ctx.needs_input_grad[1]:
             shape = (-1,) + (1,) * (t.dim() - 1)
             grad_t = (g.unsqueeze(0) * row.detach().to(torch.float64).view(shape)).to(t.dtype)
