@@ -4,7 +4,8 @@ expressions they replace bit for bit (one thread), forward and gradient, across 
 import pytest
 import torch
 
-from fedblend.algorithms.parts.rows import COLS, aggregate_row, column_slices, row_dots, weighted_sum
+from fedblend.algorithms.parts.rows import (COLS, aggregate_row, column_slices, row_dots, sq_distances, stack_flat,
+                                            weighted_sum)
 from fedblend.testing import one_thread
 
 # shapes with no slicing, exactly one and two slices, remainders of 1 and of COLS - 1, and real layer shapes
@@ -67,3 +68,37 @@ def test_column_slices_cover_the_range_in_order_none_narrower_than_cols(n):
     widths = [b - a for a, b in bounds]
     assert all(w == COLS for w in widths[:-1])
     assert widths[-1] == n if n < 2 * COLS else COLS <= widths[-1] < 2 * COLS
+
+
+def test_off_the_cpu_branch_is_the_whole_tensor_expression(monkeypatch):
+    """Off the CPU (a GPU) the weighted sum and the row gradient are the whole-tensor expressions themselves; run
+    here on the CPU by switching the slicing off, they give the same bits as the sliced path."""
+    from fedblend.algorithms.parts import rows
+
+    gen = torch.Generator().manual_seed(6)
+    with one_thread():
+        t = torch.randn(17, 2 * COLS + 3, generator=gen)
+        row = torch.rand(17, generator=gen)
+        g = torch.randn(2 * COLS + 3, generator=gen, dtype=torch.float64)
+        sliced = (weighted_sum(row, t), row_dots(g, t))
+        monkeypatch.setattr(rows, "_sliced", lambda _t: False)
+        whole = (weighted_sum(row, t), row_dots(g, t))
+    assert torch.equal(whole[0], _whole(row, t)) and torch.equal(whole[0], sliced[0])
+    assert torch.equal(whole[1], sliced[1])
+
+
+@pytest.mark.parametrize("m,i", [(1, 0), (5, 0), (50, 17)])
+def test_sq_distances_equal_the_stacked_flat_expression_bit_for_bit(m, i, monkeypatch):
+    """FedAMP's distances row by row equal ``((F - F[i]) ** 2).sum(1)`` over the stacked flat models, on the CPU
+    and in the off-the-CPU branch."""
+    from fedblend.algorithms.parts import rows
+
+    gen = torch.Generator().manual_seed(m)
+    thetas = {"conv": torch.randn(m, 64, 32, 5, 5, generator=gen), "fc": torch.randn(m, 2 * COLS + 7, generator=gen),
+              "bias": torch.randn(m, 10, generator=gen, dtype=torch.float64)}
+    with one_thread():
+        flat = stack_flat(thetas)
+        whole = ((flat - flat[i]) ** 2).sum(1)
+        assert torch.equal(sq_distances(thetas, i), whole) and float(whole[i]) == 0.0
+        monkeypatch.setattr(rows, "_sliced", lambda _t: False)
+        assert torch.equal(sq_distances(thetas, i), whole)

@@ -47,7 +47,7 @@ from typing import ClassVar
 import torch
 
 from fedblend.algorithms.parts.proximal import proximal_term
-from fedblend.algorithms.parts.rows import aggregate_row, stack_flat
+from fedblend.algorithms.parts.rows import aggregate_row, sq_distances
 from fedblend.algorithms.registry import register_method
 from fedblend.common.options import opt
 from fedblend.common.params import Params, stack_copies, with_rows
@@ -71,11 +71,16 @@ class FedAMPOptions:
 
 def attention_weights(flat: torch.Tensor, cid: int, available: torch.Tensor, alpha_k: float,
                       sigma: float) -> torch.Tensor:
-    """Row ``xi_i`` of Eq. 7 over the stacked flat models ``flat`` (``(M, P)``): ``alphaK * exp(-d_ij / sigma) /
-    sigma`` for every other available client ``j`` (``d_ij = ||w_i - w_j||^2``), 0 for unavailable ones, and the
-    self weight ``1 - sum_{j != i} xi_ij`` (computed in float64)."""
+    """Row ``xi_i`` of Eq. 7 over the stacked flat models ``flat`` (``(M, P)``): :func:`attention_row` of the
+    squared distances ``d_ij = ||w_i - w_j||^2`` (computed in float64)."""
     flat = flat.to(torch.float64)
-    d = ((flat - flat[cid]) ** 2).sum(1)
+    return attention_row(((flat - flat[cid]) ** 2).sum(1), cid, available, alpha_k, sigma)
+
+
+def attention_row(d: torch.Tensor, cid: int, available: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tensor:
+    """Row ``xi_i`` of Eq. 7 from the squared distances ``d`` (float64, ``d_ij = ||w_i - w_j||^2``): ``alphaK *
+    exp(-d_ij / sigma) / sigma`` for every other available client ``j``, 0 for unavailable ones, and the self
+    weight ``1 - sum_{j != i} xi_ij``."""
     xi = alpha_k * torch.exp(-d / sigma) / sigma
     xi = torch.where(available.bool(), xi, torch.zeros_like(xi))
     xi[cid] = 0.0
@@ -119,7 +124,7 @@ class FedAMP(Method):
         weights then do not form the convex combination Eq. 7 intends, ``u_i`` extrapolates beyond the stored
         models, and the proximal pull towards it can diverge."""
         models = server["models"]
-        xi = attention_weights(stack_flat(models), cid, server["seen"], self.opts.alpha_k, self.opts.sigma)
+        xi = attention_row(sq_distances(models, cid), cid, server["seen"], self.opts.alpha_k, self.opts.sigma)
         if float(xi[cid]) < 0 and self.opts.lam:  # with lam = 0, u_i pulls nothing
             warnings.warn(negative_self_weight_text(self.opts.alpha_k, self.opts.sigma, len(xi)), stacklevel=2)
         return aggregate_row(xi, models)
