@@ -4,8 +4,7 @@ expressions they replace bit for bit (one thread), forward and gradient, across 
 import pytest
 import torch
 
-from fedblend.algorithms.parts.rows import (COLS, aggregate_row, column_slices, row_dots, sq_distances, stack_flat,
-                                            weighted_sum)
+from fedblend.algorithms.parts.rows import COLS, aggregate_row, column_slices, row_dots, sq_distances, stack_flat, weighted_sum
 from fedblend.testing import one_thread
 
 # shapes with no slicing, exactly one and two slices, remainders of 1 and of COLS - 1, and real layer shapes
