@@ -69,3 +69,55 @@ def test_pool_fraction_needs_a_drawn_merged_partition():
     with pytest.raises(ConfigError, match="pool_fraction"):
         PartitionSpec(kind="indices", path="x", pool_fraction=0.5).validate("partition")
     PartitionSpec(split="merge", pool_fraction=0.5).validate("partition")
+
+
+def test_unshuffled_batches_take_the_data_order_and_draw_nothing():
+    """``train.shuffle = false`` (PFLlib's FedFomo loader): every epoch in data order, the stream left untouched."""
+    from fedblend.core.training import batch_rows
+
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    got = [b.tolist() for b in batches(130, 64, 2, g, shuffle=False)]
+    assert got == [list(range(64)), list(range(64, 128)), [128, 129]] * 2
+    assert [b.tolist() for b in batches(130, 64, 1, g, drop_last=True, shuffle=False)] == got[:2]
+    rows, lens = batch_rows(130, 64, 2, g, shuffle=False)
+    assert lens == [64, 64, 2] * 2 and rows[2, :2].tolist() == [128, 129] and rows[3].tolist() == list(range(64))
+    stream = batch_stream(130, 64, g, shuffle=False)
+    assert [next(stream).tolist() for _ in range(4)] == got[:4]
+    assert torch.equal(g.get_state(), before)
+    shuffled = [b.tolist() for b in batches(130, 64, 1, torch.Generator().manual_seed(0))]
+    assert shuffled != got[:3] and sorted(sum(shuffled, [])) == list(range(130))
+
+
+@pytest.mark.parametrize("method, options, backend", [
+    ("fedavg", None, None), ("fedavg", None, "vmap"), ("apfl", {"alpha_order": "after_steps"}, None),
+    ("apple", None, None), ("perfedavg", None, None), ("pfedme", None, None), ("partialfed", None, None)])
+def test_every_training_loop_takes_train_shuffle(method, options, backend, tiny_fed, monkeypatch):
+    """The spec path, the vmap backend and every method's own loop draw each epoch's order with the run's
+    ``train.shuffle``: with ``false`` no epoch is shuffled (a loop that forgot the option would draw one)."""
+    from fedblend.core import training
+    from fedblend.core.backends import make_backend
+    from fedblend.testing import tiny_sim
+
+    seen = []
+    real = training.epoch_order
+    monkeypatch.setattr(training, "epoch_order", lambda n, g, shuffle=True: seen.append(shuffle) or real(n, g, shuffle))
+    be = make_backend(backend) if backend else None
+    tiny_sim(tiny_fed, method, options, rounds=1, backend=be, shuffle=False).run()
+    assert seen and not any(seen)
+    seen.clear()
+    tiny_sim(tiny_fed, method, options, rounds=1, backend=make_backend(backend) if backend else None).run()
+    assert seen and all(seen)
+
+
+def test_train_shuffle_is_recorded_only_when_off_so_older_configs_keep_their_hash():
+    from fedblend.config import config_from_dict
+    from fedblend.config.identity import config_hash
+
+    base = {"method": "fedavg", "dataset": "synthetic", "model": "mlp", "train": {"lr": 0.1}}
+    on = config_from_dict(base).resolved()
+    assert "shuffle" not in on["train"]
+    assert config_hash(config_from_dict({**base, "train": {"lr": 0.1, "shuffle": True}}).resolved()) == config_hash(on)
+    off = config_from_dict({**base, "train": {"lr": 0.1, "shuffle": False}})
+    assert off.train.shuffle is False and off.resolved()["train"]["shuffle"] is False
+    assert config_hash(off.resolved()) != config_hash(on)

@@ -165,7 +165,8 @@ class APFL(Method):
         (1 - alpha_i) w)> + alpha_reg alpha_i)`` at the new ``v_i`` and ``w`` on the same batch, projected to [0, 1]
         per step (``clip``). The loss reported is ``f(w)``'s, as the spec path's."""
         cfg, x, y = ctx.train, ctx.data.train_x, ctx.data.train_y
-        rows, lens = batch_rows(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last)
+        rows, lens = batch_rows(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last,
+                              shuffle=cfg.shuffle)
         p = {k: v.detach().clone() for k, v in work.items()}
         if not lens:
             return TrainResult(p, None, float("nan"), 0, 0)

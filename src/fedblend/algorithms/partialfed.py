@@ -127,7 +127,7 @@ class PartialFed(FedAvg):
             return cstate
         x, y, bs = ctx.data.train_x, ctx.data.train_y, ctx.train.batch_size
         steps = math.ceil(self.opts.strategy_fraction * steps_per_epochs(len(y), bs, 1, ctx.train.drop_last))
-        stream = batch_stream(len(y), bs, ctx.tree.torch("strategy"), ctx.train.drop_last)
+        stream = batch_stream(len(y), bs, ctx.tree.torch("strategy"), ctx.train.drop_last, ctx.train.shuffle)
         tau = self.opts.tau0 * self.opts.tau_decay ** int(cstate["rounds"])
         s, noise = dict(cstate["strategy"]), ctx.tree.torch("gumbel")
         for _ in range(steps):

@@ -92,7 +92,7 @@ class PerFedAvg(OwnLoopMethod):
         if available == 0:  # no data, or fewer samples than a batch under train.drop_last
             return params, cstate, float("nan")
         tau = self.opts.local_steps or max(1, available // per_step)
-        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last)
+        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last, ctx.train.shuffle)
         w, total = dict(params), 0.0
         beta = ctx.train.lr if self.opts.beta is None else self.opts.beta
         for _ in range(tau):

@@ -89,7 +89,7 @@ class PFedMe(OwnLoopMethod):
         rounds = self.opts.local_steps or steps_per_epochs(len(y), bs, ctx.train.epochs, ctx.train.drop_last)
         if rounds == 0:
             return params, cstate, float("nan")
-        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last)
+        stream = batch_stream(len(y), bs, ctx.tree.torch("batches"), ctx.train.drop_last, ctx.train.shuffle)
         w, theta, total = dict(params), dict(params), 0.0
         for _ in range(rounds):
             idx = next(stream)

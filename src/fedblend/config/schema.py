@@ -199,6 +199,8 @@ class RunConfig:
             out[p] = _plain(to_table(from_table(TRANSFORMS[p].options_cls, self.transforms.get(p), p)))
         if out["eval"].get("model") == next(iter(self.build_method().eval_choices())):
             del out["eval"]["model"]  # the method's default: recorded as unset, so the config (and hash) is one
+        if out["train"].get("shuffle") is True:
+            del out["train"]["shuffle"]  # recorded only when off: configs written before it keep their hash
         return out
 
     def build_method(self):

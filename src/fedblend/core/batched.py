@@ -170,7 +170,7 @@ def _batches(first: TrainSpec, datas: Sequence, gens: Sequence[torch.Generator],
     epochs = cfg.epochs if first.epochs is None else first.epochs
     xs = [getattr(d, f"{first.split}_x") for d in datas]
     ys = [getattr(d, f"{first.split}_y") for d in datas]
-    plans = [batch_rows(len(y), bs, epochs, g, cfg.drop_last, first.steps) for y, g in zip(ys, gens)]
+    plans = [batch_rows(len(y), bs, epochs, g, cfg.drop_last, first.steps, cfg.shuffle) for y, g in zip(ys, gens)]
     order = sorted(range(len(datas)), key=lambda c: -len(plans[c][1]))  # stable: equal lengths keep client order
     offsets = list(accumulate([len(ys[c]) for c in order], initial=0))
     idx = _stacked_rows([plans[c][0] for c in order], offsets, xs[0].device)

@@ -4,7 +4,8 @@
 returned so a method can keep them in the client state) over a parameter dictionary with
 ``torch.func.functional_call``. Batches come from a passed-in generator (one random permutation per epoch, last
 partial batch kept, like ``DataLoader(shuffle=True)``; ``train.drop_last = true`` drops it, like PFLlib's
-``DataLoader(shuffle=True, drop_last=True)``).
+``DataLoader(shuffle=True, drop_last=True)``; ``train.shuffle = false`` takes every epoch in the data's order, like
+PFLlib's FedFomo loader, ``DataLoader(shuffle=False)``).
 
 A spec says *what* to train: start parameters, which tensors move (``trainable``; FedRep / FedBABU phases), how
 long (``epochs`` or ``steps``), the learning rate, the optimizer buffers to start from, and extra loss terms.
@@ -54,6 +55,9 @@ class TrainConfig:
     #: drop each local epoch's last partial batch, as PFLlib's ``DataLoader(drop_last=True)`` (a client with fewer than
     #: ``batch_size`` training samples then does not train); default: kept, ``ceil(n / batch_size)`` steps per epoch
     drop_last: bool = False
+    #: ``false``: every local epoch's batches in the client's data order, as PFLlib's FedFomo loader
+    #: (``DataLoader(shuffle=False)``); default: a fresh random permutation per epoch
+    shuffle: bool = True
 
 
 @dataclass
@@ -166,12 +170,19 @@ class TrainResult:
     extras: dict = field(default_factory=dict)
 
 
+def epoch_order(n: int, generator: torch.Generator, shuffle: bool = True) -> torch.Tensor:
+    """One local epoch's sample order: a random permutation drawn from ``generator``, or, without ``shuffle``,
+    ``0 .. n-1`` (nothing drawn)."""
+    return torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+
+
 def batches(n: int, batch_size: int, epochs: int, generator: torch.Generator,
-            drop_last: bool = False) -> Iterable[torch.Tensor]:
-    """Index batches: a fresh random permutation per epoch, last partial batch kept (dropped with ``drop_last``:
-    then a client with fewer than ``batch_size`` samples gets no batch, as PFLlib's ``drop_last=True`` loader)."""
+            drop_last: bool = False, shuffle: bool = True) -> Iterable[torch.Tensor]:
+    """Index batches: a fresh random permutation per epoch (:func:`epoch_order`), last partial batch kept
+    (dropped with ``drop_last``: then a client with fewer than ``batch_size`` samples gets no batch, as PFLlib's
+    ``drop_last=True`` loader)."""
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator)
+        perm = epoch_order(n, generator, shuffle)
         if drop_last:
             perm = perm[: n - n % batch_size]
             if not len(perm):
@@ -195,10 +206,10 @@ def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tenso
 
 
 def batch_rows(n: int, batch_size: int, epochs: int, generator: torch.Generator, drop_last: bool = False,
-               steps: int | None = None) -> tuple[torch.Tensor, list[int]]:
+               steps: int | None = None, shuffle: bool = True) -> tuple[torch.Tensor, list[int]]:
     """Every index batch of one piece of local training as one ``[steps, batch_size]`` tensor (a partial last
     batch padded with -1) and each step's batch length, drawn up front from the client's stream: one random
-    permutation per epoch (the batches of :func:`batches`, the same draws); ``epochs`` passes, or the first
+    permutation per epoch (:func:`epoch_order`; the batches of :func:`batches`, the same draws); ``epochs`` passes, or the first
     ``steps`` batches of as many passes as they need. No rows when there is nothing to train."""
     per_epoch = batches_per_epoch(n, batch_size, drop_last)
     if steps is not None:
@@ -208,7 +219,7 @@ def batch_rows(n: int, batch_size: int, epochs: int, generator: torch.Generator,
     used = n - n % batch_size if drop_last else n  # samples of an epoch that go into a batch
     rows = torch.full((epochs, per_epoch * batch_size), -1, dtype=torch.long)
     for e in range(epochs):
-        rows[e, :used] = torch.randperm(n, generator=generator)[:used]
+        rows[e, :used] = epoch_order(n, generator, shuffle)[:used]
     lens = ([batch_size] * (used // batch_size) + ([used % batch_size] if used % batch_size else [])) * epochs
     rows = rows.view(epochs * per_epoch, batch_size)
     return (rows[:steps], lens[:steps]) if steps is not None else (rows, lens)
@@ -247,7 +258,7 @@ def sgd_train(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Ten
     names = list(params) if wanted is None else [n for n in params if n in wanted]
     work = {k: v.detach().clone() for k, v in params.items()}
     kept = {k: v for k, v in (momentum or {}).items() if k in names} if cfg.momentum else {}
-    rows, lens = batch_rows(len(y), bs, epochs, generator, cfg.drop_last, steps)
+    rows, lens = batch_rows(len(y), bs, epochs, generator, cfg.drop_last, steps, cfg.shuffle)
     if not lens:
         return TrainResult(_detach(work), {k: v.clone() for k, v in kept.items()} or None, float("nan"), 0, 0)
     leaves = [work[n].requires_grad_(True) for n in names]

@@ -163,7 +163,7 @@ class APPLE(Method):
         x, y = ctx.data.train_x, ctx.data.train_y
         total, seen, steps = 0.0, 0, 0
         buffer64, velocity = stacked64(cores), {}
-        for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last):
+        for idx in batches(len(y), cfg.batch_size, cfg.epochs, ctx.tree.torch("batches"), cfg.drop_last, cfg.shuffle):
             own, dr, loss = apple_step(ctx.model, own, cid, cores, dr, prior, x[idx], y[idx], core_lr,
                                        self.opts.dr_lr, lam_mu, buffer64, self.opts.dr_grad, self.opts.momentum,
                                        velocity)

@@ -38,12 +38,12 @@ def grad(loss: LossFn, params: Mapping[str, torch.Tensor], names: Sequence[str] 
 
 
 def batch_stream(n: int, batch_size: int, generator: torch.Generator,
-                 drop_last: bool = False) -> Iterator[torch.Tensor]:
+                 drop_last: bool = False, shuffle: bool = True) -> Iterator[torch.Tensor]:
     """Index batches without end: a fresh permutation per epoch, last partial batch kept unless ``drop_last`` (as
     local SGD draws; with ``drop_last`` and fewer than ``batch_size`` samples there is no batch: the caller must
     check :func:`steps_per_epochs` first)."""
     while True:
-        yield from batches(n, batch_size, 1, generator, drop_last)
+        yield from batches(n, batch_size, 1, generator, drop_last, shuffle)
 
 
 def steps_per_epochs(n: int, batch_size: int, epochs: int, drop_last: bool = False) -> int:
